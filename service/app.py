@@ -1,0 +1,145 @@
+"""create_app(): routes, the request-context middleware, the one error table, the lifespan."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import metrics
+from service.batcher import Batcher
+from service.errors import MethodNotAllowed, NotFound, ServiceError
+from service.log import configure_logging
+from service.model import load_engine
+from service.routes import ROUTES, json_response
+from service.runtime import Runtime
+from service.settings import Settings, load_settings
+
+log = structlog.get_logger("service.app")
+
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_ROUTE_LABELS = {"/", "/readyz", "/livez", "/metrics", "/info"}
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id (echoed if sane, else new), one log line and the
+    request metrics per request, `X-Request-ID` on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        sent = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"").decode("latin-1")
+        request_id = sent if _SANE_ID.match(sent) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        status, started_response = 500, False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started_response
+            if message["type"] == "http.response.start":
+                status, started_response = message["status"], True
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:  # a bug: log it in full, tell the client nothing internal
+            log.error("unhandled_error", request_id=request_id, exc_info=exc)
+            if not started_response:
+                await self._internal_error(request_id, send_with_id)
+        finally:
+            self._record(scope, request_id, status, time.perf_counter() - started)
+
+    @staticmethod
+    async def _internal_error(request_id: str, send: Send) -> None:
+        body = {
+            "error": "internal error; see the server log",
+            "error_type": "internal_error",
+            "request_id": request_id,
+        }
+        response = json_response(body, 500)
+        await response({"type": "http"}, _no_receive, send)
+
+    @staticmethod
+    def _record(scope: Scope, request_id: str, status: int, seconds: float) -> None:
+        path = scope["path"]
+        route = path if path in _ROUTE_LABELS else "other"
+        metrics.REQUESTS.labels(route, str(status)).inc()
+        metrics.REQUEST_SECONDS.labels(route).observe(seconds)
+        if route in ("/readyz", "/livez", "/metrics"):
+            return  # probes every few seconds would drown the log; the metrics count them
+        log.info(
+            "request",
+            request_id=request_id,
+            method=scope["method"],
+            route=route,
+            status=status,
+            latency_ms=round(1000 * seconds, 2),
+            inputs=scope["state"].get("inputs", 0),
+        )
+
+
+def _error_body(request: Request, exc: ServiceError) -> Response:
+    body = {
+        "error": exc.message,
+        "error_type": exc.error_type,
+        "request_id": request.scope.get("state", {}).get("request_id", ""),
+    }
+    return json_response(body, exc.status, exc.headers)
+
+
+async def _on_service_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    return _error_body(request, exc)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        return _error_body(request, MethodNotAllowed(f"{request.method} is not allowed here"))
+    return _error_body(request, NotFound(f"no route {request.url.path}"))
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def create_app(settings: Settings | None = None, engine_factory: Any = load_engine) -> Starlette:
+    """The ASGI app. `settings` default: read from the environment (exits on a bad value
+    through the CLI); `engine_factory(settings) -> Engine` is replaceable for tests."""
+    settings = settings or load_settings()
+    configure_logging(settings.log_level, settings.log_format)
+    runtime = Runtime(settings, Batcher(settings, engine_factory))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        runtime.start()
+        yield
+        await runtime.stop()
+
+    app = Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={
+            ServiceError: _on_service_error,
+            HTTPException: _on_http_error,
+        },
+    )
+    app.add_middleware(RequestContext)
+    app.state.runtime = runtime
+    return app

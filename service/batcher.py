@@ -1,0 +1,372 @@
+"""The queue and the inference thread: admission, batch formation, and resolving futures.
+
+One thread owns the model. It loads and warms it up, then loops: block for the first queued
+input, take what is already queued (up to MAX_BATCH_SIZE, one parameter set per batch), wait
+at most MAX_BATCH_WAIT_MS from the first item's dequeue (default 0: an idle server starts at
+once), drop what was cancelled or expired, run the pipeline once, and resolve each future.
+
+Results cross back through one `concurrent.futures.Future` per input, awaited on the loop with
+`asyncio.wrap_future`; `set_running_or_notify_cancel()` tells the thread a waiter left (see
+STYLE.md). The thread never touches asyncio objects, and never dies from a model error: a
+failing batch is split so that only the failing input gets the error. If the loop itself
+breaks, every waiter is resolved (infinity's model thread is the counter-example).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import structlog
+
+from service import metrics
+from service.admission import ServiceTimeEstimate
+from service.errors import (
+    DeadlineExceeded,
+    Draining,
+    InferenceFailed,
+    Overloaded,
+    ServiceError,
+)
+from service.model import Engine, ModelInfo, Prepared, load_engine, warm_up
+from service.params import Hashable
+from service.settings import Settings
+
+log = structlog.get_logger("service.batcher")
+
+_IDLE_WAKE_S = 0.5  # the thread wakes this often when idle, to beat its heartbeat
+
+
+class State(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(eq=False, kw_only=True)
+class Item:
+    """One input of one request. `future` resolves to the pipeline's answer or a ServiceError."""
+
+    text: str
+    params: dict[str, Any]
+    key: Hashable
+    deadline: float  # time.monotonic() seconds
+    enqueued_at: float = field(default_factory=time.monotonic)
+    future: Future[Any] = field(default_factory=Future)
+    cancel_reason: str = "client_disconnect"  # set by the loop before it cancels the future
+    prepared: Prepared | None = None
+
+
+class WorkQueue:
+    """Items handed from the loop to the thread, bounded in inputs (MAX_QUEUE_SIZE).
+
+    `depth` counts every input waiting: handed over but not yet in a running batch. The lock
+    is held only for list operations, so the event loop never waits on inference.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._new: deque[Item] = deque()
+        self._depth = 0
+        self._cond = threading.Condition()
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
+        """Queue all of `items` or none: raise `Overloaded` when full or too slow for them.
+
+        Shedding happens here, before any work (TEI's `try_acquire_permit`): a request that
+        would wait past its deadline is refused now instead of expiring in the queue.
+        """
+        now = time.monotonic()
+        with self._cond:
+            depth, n = self._depth, len(items)
+            if depth + n > self.capacity:
+                metrics.SHED.labels("queue_full").inc()
+                raise Overloaded(
+                    f"queue full ({depth} of {self.capacity} inputs waiting); retry later",
+                    retry_after_s=estimate.predicted_wait(depth),
+                )
+            wait = estimate.predicted_wait(depth + n)
+            if wait > min(i.deadline for i in items) - now:
+                metrics.SHED.labels("deadline").inc()
+                raise Overloaded(
+                    f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
+                    retry_after_s=estimate.predicted_wait(depth),
+                )
+            self._new.extend(items)
+            self._depth += n
+            metrics.QUEUE_DEPTH.set(self._depth)
+            self._cond.notify()
+
+    def take_new(self, timeout: float) -> list[Item]:
+        """Everything handed over since the last call; block up to `timeout` s for the first."""
+        with self._cond:
+            if not self._new and timeout > 0:
+                self._cond.wait(timeout)
+            taken = list(self._new)
+            self._new.clear()
+            return taken
+
+    def release(self, n: int) -> None:
+        """`n` inputs left the waiting set (started, answered with an error, or dropped)."""
+        with self._cond:
+            self._depth -= n
+            metrics.QUEUE_DEPTH.set(self._depth)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+
+class Batcher:
+    """Owns the inference thread, its state (for the probes) and the queue."""
+
+    def __init__(
+        self, settings: Settings, engine_factory: Callable[[Settings], Engine] = load_engine
+    ) -> None:
+        self.settings = settings
+        self.queue = WorkQueue(settings.max_queue_size)
+        self.estimate = ServiceTimeEstimate()
+        self.state = State.LOADING
+        self.info: ModelInfo | None = None
+        self.heartbeat = time.monotonic()
+        self.batch_started_at: float | None = None
+        self.drain_deadline: float | None = None  # monotonic; set on SIGTERM
+        self._engine_factory = engine_factory
+        self._stop = threading.Event()
+        self._pool: list[Item] = []  # prepared, waiting for a batch; thread-only
+        self._thread = threading.Thread(target=self._main, name="inference", daemon=True)
+
+    # -- control (event loop) ----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Stop after the running batch; every waiter still queued gets a 503."""
+        self._stop.set()
+        self.queue.wake()
+        self._thread.join(timeout)
+
+    def live(self) -> tuple[bool, str]:
+        """Liveness: the thread runs (loading counts) and no batch runs past LIVENESS_STALL_S."""
+        if self.state is State.FAILED:
+            return False, "model failed to load"
+        if not self._thread.is_alive() and self.state is not State.STOPPED:
+            return False, "inference thread is not running"
+        started = self.batch_started_at
+        if started is not None and time.monotonic() - started > self.settings.liveness_stall_s:
+            return False, f"a batch has run longer than {self.settings.liveness_stall_s:g}s"
+        return True, self.state.value
+
+    # -- the thread ----------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            engine = self._load()
+        except Exception:
+            log.exception("model_load_failed")
+            self.state = State.FAILED
+            metrics.READY.set(0)
+            self._fail_all(lambda: Draining("the model failed to load", retry_after_s=30))
+            return
+        try:
+            while not self._stop.is_set():
+                self._step(engine)
+        except BaseException:  # a bug in our loop: resolve every waiter, never leave them
+            log.exception("inference_thread_crashed")
+            self.state = State.FAILED
+            raise
+        finally:
+            if self.state is not State.FAILED:
+                self.state = State.STOPPED
+            self._fail_all(lambda: Draining("the server is shutting down", retry_after_s=5))
+
+    def _load(self) -> Engine:
+        started = time.monotonic()
+        if self.settings.model_load_delay_s:
+            time.sleep(self.settings.model_load_delay_s)  # test-only: a slow load
+        engine = self._engine_factory(self.settings)
+        warm_s = warm_up(engine)
+        self.estimate.per_input_s = warm_s / 2
+        loaded_s = time.monotonic() - started
+        self.info = engine.info
+        metrics.MODEL_LOAD_SECONDS.set(loaded_s)
+        metrics.TORCH_THREADS.set(engine.info.torch_threads)
+        log.info(
+            "model_ready",
+            load_s=round(loaded_s, 3),
+            warmup_s=round(warm_s, 4),
+            **{k: v for k, v in vars(engine.info).items()},
+        )
+        self.state = State.READY
+        if self.drain_deadline is None:
+            metrics.READY.set(1)
+        return engine
+
+    def _step(self, engine: Engine) -> None:
+        self.heartbeat = time.monotonic()
+        self._admit_to_pool(engine, self.queue.take_new(0 if self._pool else _IDLE_WAKE_S))
+        if self._drain_expired():
+            self._fail_pool(lambda: Draining("drain time is over", retry_after_s=5))
+            return
+        if not self._pool:
+            return
+        batch = self._fill(engine, self._select())
+        self._run(engine, batch)
+
+    def _admit_to_pool(self, engine: Engine, items: list[Item]) -> None:
+        """Drop the cancelled and expired, tokenize the rest (exact length checks) into the pool."""
+        gone = 0
+        for item in items:
+            if self._dropped(item):
+                gone += 1
+                continue
+            try:
+                item.prepared = engine.prepare(item.text, item.key, item.params)
+            except ServiceError as exc:
+                item.future.set_exception(exc)
+                gone += 1
+                continue
+            except Exception as exc:
+                log.exception("prepare_failed")
+                item.future.set_exception(InferenceFailed("the model failed on this input"))
+                gone += 1
+                del exc
+                continue
+            self._pool.append(item)
+        if gone:
+            self.queue.release(gone)
+
+    def _select(self) -> list[Item]:
+        """FIFO: the oldest item, then later items with the same parameters, within the
+        batch-size and padded-token bounds."""
+        size, max_tokens = self.settings.max_batch_size, self.settings.max_batch_tokens
+        head = self._pool[0]
+        batch, longest = [head], _tokens(head)
+        for item in self._pool[1:]:
+            if len(batch) >= size:
+                break
+            if item.key != head.key:
+                continue
+            longest_if = max(longest, _tokens(item))
+            if max_tokens is not None and longest_if * (len(batch) + 1) > max_tokens:
+                continue
+            batch.append(item)
+            longest = longest_if
+        return batch
+
+    def _fill(self, engine: Engine, batch: list[Item]) -> list[Item]:
+        """Wait up to MAX_BATCH_WAIT_MS, once from the first item's dequeue, for more items."""
+        wait_s = self.settings.max_batch_wait_ms / 1000
+        if wait_s <= 0 or len(batch) >= self.settings.max_batch_size:
+            return batch
+        started = time.monotonic()
+        until = started + wait_s
+        while len(batch) < self.settings.max_batch_size and time.monotonic() < until:
+            self._admit_to_pool(engine, self.queue.take_new(until - time.monotonic()))
+            batch = self._select()
+        metrics.BATCH_FILL_WAIT.observe(time.monotonic() - started)
+        return batch
+
+    def _run(self, engine: Engine, batch: list[Item]) -> None:
+        chosen = set(map(id, batch))
+        self._pool = [i for i in self._pool if id(i) not in chosen]
+        self.queue.release(len(batch))
+        live = [
+            i for i in batch if not self._dropped(i) and i.future.set_running_or_notify_cancel()
+        ]
+        if not live:
+            return
+        now = time.monotonic()
+        for item in live:
+            metrics.QUEUE_WAIT.observe(now - item.enqueued_at)
+        self.batch_started_at = now
+        self.estimate.batch_started(len(live))
+        try:
+            answers = self._answers(engine, live)
+        finally:
+            self.batch_started_at = None
+        took = time.monotonic() - now
+        self.estimate.observe(took, len(live))
+        for item, answer in zip(live, answers, strict=True):
+            if isinstance(answer, BaseException):
+                item.future.set_exception(answer)
+            else:
+                item.future.set_result(answer)
+        self._observe(live, now, took)
+
+    def _answers(self, engine: Engine, live: list[Item]) -> list[Any]:
+        """The batch's answers; if the batch call raises, each input alone, so only the
+        failing input(s) get an error."""
+        prepared = [i.prepared for i in live if i.prepared is not None]
+        try:
+            return engine.run(prepared)
+        except Exception:
+            if len(live) == 1:
+                log.exception("inference_failed", batch_size=1)
+                return [InferenceFailed("the model failed on this input")]
+        log.warning("batch_failed_splitting", batch_size=len(live))
+        return [self._answers(engine, [item])[0] for item in live]
+
+    def _observe(self, live: list[Item], started: float, took: float) -> None:
+        tokens = [_tokens(i) for i in live]
+        padded = max(tokens) * len(tokens)
+        metrics.BATCH_SIZE.observe(len(live))
+        metrics.BATCH_TOKENS.observe(padded)
+        metrics.PADDING_EFFICIENCY.observe(sum(tokens) / padded)
+        metrics.INFERENCE_SECONDS.observe(took)
+        metrics.INPUTS.labels("answered").inc(len(live))
+        log.info(
+            "batch",
+            size=len(live),
+            tokens=sum(tokens),
+            padded_tokens=padded,
+            queue_wait_ms=round(1000 * (started - min(i.enqueued_at for i in live)), 2),
+            inference_ms=round(1000 * took, 2),
+            queue_depth=self.queue.depth,
+        )
+
+    # -- dropping and failing ------------------------------------------------------------
+    def _dropped(self, item: Item) -> bool:
+        """True when the item must not be computed: its waiter left, or its deadline passed."""
+        if item.future.cancelled():
+            if item.cancel_reason == "deadline":
+                metrics.EXPIRED.labels("queued").inc()
+            else:
+                metrics.CANCELLED.labels(item.cancel_reason).inc()
+            return True
+        if time.monotonic() >= item.deadline:
+            metrics.EXPIRED.labels("queued").inc()
+            item.future.set_exception(DeadlineExceeded("the request deadline passed in the queue"))
+            return True
+        return False
+
+    def _drain_expired(self) -> bool:
+        return self.drain_deadline is not None and time.monotonic() >= self.drain_deadline
+
+    def _fail_pool(self, error: Any) -> None:
+        pool, self._pool = self._pool, []
+        for item in pool:
+            if not item.future.cancelled():
+                item.future.set_exception(error())
+        self.queue.release(len(pool))
+
+    def _fail_all(self, error: Any) -> None:
+        self._fail_pool(error)
+        for item in self.queue.take_new(0):
+            if not item.future.cancelled() and not item.future.done():
+                item.future.set_exception(error())
+            self.queue.release(1)
+
+
+def _tokens(item: Item) -> int:
+    return item.prepared.n_tokens if item.prepared is not None else 0

@@ -1,0 +1,27 @@
+"""The `pipeline-server` console script: validate the settings, then exec gunicorn.
+
+exec (not a child process) keeps gunicorn as PID 1 in a container, so SIGTERM reaches it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from service.settings import SettingsError, load_settings
+
+
+def main() -> None:
+    try:
+        load_settings()  # fail here, in one line, before gunicorn starts
+    except SettingsError as exc:
+        print(f"pipeline-server: {exc}", file=sys.stderr)
+        sys.exit(2)
+    # Tokenizers' Rust thread pool is unsafe across fork (gunicorn forks the worker).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = [sys.executable, "-m", "gunicorn", "--config", "python:service.gunicorn_conf"]
+    os.execv(sys.executable, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Error types with data (status, error_type, headers), and the one place that maps them to HTTP.
+
+Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (DESIGN.md, Errors).
+Messages are for humans and never hold paths, exception text from the model, or stack traces.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+
+class ServiceError(Exception):
+    """Base error: `status` and `error_type` per subclass; `message` is safe to show a client."""
+
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(ServiceError):
+    status, error_type = 400, "bad_request"
+
+
+class Unauthorized(ServiceError):
+    status, error_type = 401, "unauthorized"
+
+
+class NotFound(ServiceError):
+    status, error_type = 404, "not_found"
+
+
+class MethodNotAllowed(ServiceError):
+    status, error_type = 405, "method_not_allowed"
+
+
+class PayloadTooLarge(ServiceError):
+    status, error_type = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status, error_type = 415, "unsupported_media_type"
+
+
+class InvalidInput(ServiceError):
+    """422: the body parsed, but an input or parameter is invalid."""
+
+    status, error_type = 422, "invalid_input"
+
+
+class Unavailable(ServiceError):
+    """503 with `Retry-After` (whole seconds, at least 1)."""
+
+    status, error_type = 503, "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
+
+
+class Overloaded(Unavailable):
+    """503: shed at admission (queue full, or the predicted wait exceeds the deadline)."""
+
+    error_type = "overloaded"
+
+
+class NotReady(Unavailable):
+    error_type = "not_ready"
+
+
+class Draining(Unavailable):
+    error_type = "draining"
+
+
+class DeadlineExceeded(ServiceError):
+    status, error_type = 504, "deadline_exceeded"
+
+
+class InferenceFailed(ServiceError):
+    """500: the model failed on this input. Details go to the log, not the client."""
+
+    status, error_type = 500, "inference_failed"

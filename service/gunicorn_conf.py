@@ -1,0 +1,49 @@
+"""gunicorn settings for the `pipeline-server` console script (`gunicorn -c` this file).
+
+One worker: one model per process (and per pod). The drain time after SIGTERM and gunicorn's
+graceful timeout agree: gunicorn waits DRAIN_TIMEOUT_S plus a margin before it kills the
+worker, so the app answers everything it accepted first (DESIGN.md, Shutdown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gunicorn.glogging import Logger
+
+from service.log import configure_logging
+from service.settings import load_settings
+
+_settings = load_settings()
+_DRAIN_MARGIN_S = 5
+
+bind = [
+    f"[{_settings.host}]:{_settings.port}"
+    if ":" in _settings.host
+    else f"{_settings.host}:{_settings.port}"
+]
+workers = 1
+worker_class = "uvicorn_worker.UvicornWorker"
+# The event loop never blocks on the model (it loads and runs in the inference thread), so
+# gunicorn's default heartbeat timeout holds even for loads far longer than it.
+timeout = 30
+graceful_timeout = int(_settings.drain_timeout_s) + _DRAIN_MARGIN_S
+keepalive = 75  # above common load balancers' idle timeouts (60 s), so they close first
+accesslog = None
+# No control socket: nothing uses it, and it wants a writable home (read-only in the chart).
+control_socket_disable = True
+wsgi_app = "service.app:create_app()"
+
+
+class JsonLogger(Logger):  # type: ignore[misc]  # gunicorn ships no types
+    """gunicorn's own lines through the service's structlog formatter."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        handler = configure_logging(_settings.log_level, _settings.log_format)
+        for logger in (self.error_log, self.access_log):
+            logger.handlers = [handler]
+            logger.propagate = False
+
+
+logger_class = JsonLogger

@@ -1,0 +1,52 @@
+"""The Prometheus objects (prometheus-client), named per Prometheus conventions.
+
+One process serves one model (one gunicorn worker), so the default registry is enough.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_P = "pipeline_server_"
+# Latency buckets from 1 ms to 60 s: probes and sheds at the low end, long batches at the top.
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+REQUESTS = Counter(_P + "requests_total", "HTTP requests answered.", ["route", "status"])
+REQUEST_SECONDS = Histogram(
+    _P + "request_duration_seconds",
+    "Time from request start to response.",
+    ["route"],
+    buckets=_SECONDS,
+)
+INPUTS = Counter(_P + "inputs_total", "Inputs answered by the model.", ["outcome"])
+QUEUE_DEPTH = Gauge(_P + "queue_depth", "Inputs waiting (not counting the running batch).")
+BATCH_SIZE = Histogram(
+    _P + "batch_size", "Inputs per pipeline call.", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
+)
+BATCH_TOKENS = Histogram(
+    _P + "batch_padded_tokens",
+    "Padded tokens per pipeline call (inputs x longest input).",
+    buckets=(16, 64, 256, 1024, 4096, 16384, 65536),
+)
+PADDING_EFFICIENCY = Histogram(
+    _P + "padding_efficiency",
+    "Real tokens / padded tokens of each batch.",
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
+)
+QUEUE_WAIT = Histogram(
+    _P + "queue_wait_seconds", "Time an input waited before its batch started.", buckets=_SECONDS
+)
+BATCH_FILL_WAIT = Histogram(
+    _P + "batch_fill_wait_seconds",
+    "Time spent waiting for a batch to fill (MAX_BATCH_WAIT_MS).",
+    buckets=_SECONDS,
+)
+INFERENCE_SECONDS = Histogram(
+    _P + "inference_seconds", "Time one batch spent in the pipeline.", buckets=_SECONDS
+)
+SHED = Counter(_P + "shed_total", "Requests answered 503 at admission.", ["reason"])
+EXPIRED = Counter(_P + "expired_total", "Inputs whose deadline passed.", ["stage"])
+CANCELLED = Counter(_P + "cancelled_total", "Inputs dropped before compute.", ["reason"])
+MODEL_LOAD_SECONDS = Gauge(_P + "model_load_seconds", "Seconds the model took to load and warm.")
+READY = Gauge(_P + "ready", "1 when the model is loaded, warmed and not draining.")
+TORCH_THREADS = Gauge(_P + "torch_threads", "torch intra-op threads.")

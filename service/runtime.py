@@ -1,0 +1,172 @@
+"""The server's runtime on the event loop: readiness, draining, submitting work and awaiting it.
+
+A request's inputs are admitted all or none, then awaited until the first of: all results,
+the client disconnecting (the ASGI `http.disconnect` message, not polling), the request's
+deadline (504), or the end of the drain time after SIGTERM (503). Whatever it stops waiting
+for is cancelled, so the inference thread drops it before compute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+import structlog
+from starlette.requests import Request
+
+from service import metrics
+from service.batcher import Batcher, Item, State
+from service.errors import DeadlineExceeded, Draining, NotReady, ServiceError
+from service.model import ModelInfo
+from service.params import params_key
+from service.settings import Settings
+
+log = structlog.get_logger("service.runtime")
+
+_LOADING_RETRY_S = 5  # Retry-After while the model loads or the pod drains (fixed, DESIGN.md)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+class Runtime:
+    def __init__(self, settings: Settings, batcher: Batcher) -> None:
+        self.settings = settings
+        self.batcher = batcher
+        self.draining = False
+        self._drain_over: asyncio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the inference thread and chain a SIGTERM hook in front of the server's own.
+
+        uvicorn's handler stops the listener and waits for open requests; ours first turns
+        readiness off and starts the drain clock (DESIGN.md, Shutdown).
+        """
+        loop = asyncio.get_running_loop()
+        self._drain_over = asyncio.Event()
+        self.batcher.start()
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            loop.call_soon_threadsafe(self.begin_drain)
+            if callable(previous):
+                previous(signum, frame)
+
+        # ValueError: not the main thread (in-process test clients), where no signal comes.
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, on_sigterm)
+
+    def begin_drain(self) -> None:
+        """Readiness off now; queued and running work has DRAIN_TIMEOUT_S to finish."""
+        if self.draining:
+            return
+        self.draining = True
+        metrics.READY.set(0)
+        drain_s = self.settings.drain_timeout_s
+        self.batcher.drain_deadline = time.monotonic() + drain_s
+        assert self._drain_over is not None
+        asyncio.get_running_loop().call_later(drain_s, self._drain_over.set)
+        log.info("draining", drain_timeout_s=drain_s, queue_depth=self.batcher.queue.depth)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.batcher.stop, self.settings.drain_timeout_s + 5)
+
+    # -- probes --------------------------------------------------------------------------
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        return self.batcher.state is State.READY, self.batcher.state.value
+
+    # -- requests ------------------------------------------------------------------------
+    def model_info(self) -> ModelInfo:
+        """The loaded model's info; raises 503 (with Retry-After) unless ready and not draining."""
+        if self.draining:
+            metrics.SHED.labels("draining").inc()
+            raise Draining("the server is shutting down", retry_after_s=_LOADING_RETRY_S)
+        info = self.batcher.info
+        if self.batcher.state is not State.READY or info is None:
+            metrics.SHED.labels("not_ready").inc()
+            raise NotReady(
+                f"the model is {self.batcher.state.value}", retry_after_s=_LOADING_RETRY_S
+            )
+        return info
+
+    def deadline(self, request: Request) -> float:
+        """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it."""
+        from service.errors import BadRequest
+
+        timeout = self.settings.request_timeout_s
+        asked = request.headers.get("x-request-timeout")
+        if asked is not None:
+            try:
+                value = float(asked)
+            except ValueError:
+                raise BadRequest("X-Request-Timeout must be a number of seconds") from None
+            if not value > 0 or value != value:
+                raise BadRequest("X-Request-Timeout must be a positive number of seconds")
+            timeout = min(timeout, value)
+        return time.monotonic() + timeout
+
+    def submit(self, texts: list[str], params: dict[str, Any], deadline: float) -> list[Item]:
+        """Queue the inputs (all or none); raise `Overloaded` (503) to shed them."""
+        key = params_key(params)
+        items = [Item(text=t, params=params, key=key, deadline=deadline) for t in texts]
+        self.batcher.queue.offer(items, self.batcher.estimate)
+        return items
+
+    async def wait(self, items: list[Item], request: Request, deadline: float) -> list[Any]:
+        """The answers, in order. Raises the first input's ServiceError, 504 at the deadline,
+        503 when the drain time ends, or `ClientGone` when the client disconnects."""
+        results: asyncio.Future[list[Any]] = asyncio.gather(
+            *(asyncio.wrap_future(i.future) for i in items)
+        )
+        assert self._drain_over is not None
+        gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
+        drain_over: asyncio.Future[Any] = asyncio.ensure_future(self._drain_over.wait())
+        try:
+            timeout = max(0.0, deadline - time.monotonic())
+            waiting: set[asyncio.Future[Any]] = {results, gone, drain_over}
+            done, _ = await asyncio.wait(
+                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if results in done:
+                return results.result()
+            reason, error = self._why_stopped(gone in done, drain_over in done)
+            self._abandon(items, reason)
+            raise error
+        finally:
+            gone.cancel()
+            drain_over.cancel()
+            results.cancel()
+
+    @staticmethod
+    def _abandon(items: list[Item], reason: str) -> None:
+        """Cancel the inputs now (synchronously, so the thread skips any still queued)."""
+        for item in items:
+            item.cancel_reason = reason
+            if not item.future.cancel() and not item.future.done() and reason == "deadline":
+                metrics.EXPIRED.labels("running").inc()  # too late to skip: its batch runs
+
+    def _why_stopped(self, client_gone: bool, drain_over: bool) -> tuple[str, Exception]:
+        if client_gone:
+            return "client_disconnect", ClientGone()
+        if drain_over:
+            return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+        return "deadline", DeadlineExceeded("the request deadline passed before its answer")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the ASGI server reports `http.disconnect` for this request."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+__all__ = ["ClientGone", "Runtime", "ServiceError"]

