@@ -1,0 +1,106 @@
+"""Run helm against charts/pipeline-server and hand back the rendered objects.
+
+helm comes from `.tools/bin` (where `scripts/install-helm.sh` puts it); when it is missing, the
+script is run once, so the tests work on a fresh clone with only pip's index reachable. `HELM`
+in the environment points at another binary.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "pipeline-server"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+# Render CRD-backed objects as a cluster with KEDA and the Prometheus Operator would.
+CRD_APIS = ("keda.sh/v1alpha1/ScaledObject", "monitoring.coreos.com/v1/ServiceMonitor")
+RELEASE = "rel"
+NAMESPACE = "ml"
+
+Manifest = dict[str, Any]
+
+
+@functools.cache
+def helm_binary() -> str:
+    """The helm to run: $HELM, else .tools/bin/helm, installed there on first use."""
+    if env := os.environ.get("HELM"):
+        return env
+    local = REPO / ".tools" / "bin" / "helm"
+    if not local.exists():
+        subprocess.run(
+            [str(REPO / "scripts" / "install-helm.sh"), str(local.parent)],
+            env={**os.environ, "PYTHON": sys.executable},
+            check=True,
+            timeout=300,
+        )
+    return str(local)
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run helm with `args`; the caller checks `returncode` (failures are often the point)."""
+    return subprocess.run(
+        [helm_binary(), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def values_args(values: Path | None, sets: tuple[str, ...]) -> list[str]:
+    args = ["--values", str(values)] if values else []
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+@functools.cache
+def render(
+    values: Path | None = None, *sets: str, apis: tuple[str, ...] = CRD_APIS
+) -> list[Manifest]:
+    """`helm template` with a values file and `--set` overrides; the objects, in order."""
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args += values_args(values, sets)
+    for api in apis:
+        args += ["--api-versions", api]
+    done = helm(*args)
+    if done.returncode != 0:
+        raise AssertionError(f"helm template failed:\n{done.stderr}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def render_error(values: Path | None = None, *sets: str) -> str:
+    """`helm template` that must fail; its error output."""
+    args = ["template", RELEASE, str(CHART), *values_args(values, sets)]
+    done = helm(*args)
+    assert done.returncode != 0, f"rendering with {sets} should have failed"
+    return done.stderr
+
+
+def only(docs: list[Manifest], kind: str) -> Manifest:
+    """The single object of `kind` (the chart's objects are one per kind)."""
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def kinds(docs: list[Manifest]) -> list[str]:
+    return [d["kind"] for d in docs]
+
+
+def server_container(docs: list[Manifest]) -> Manifest:
+    containers: list[Manifest] = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, "the pod has exactly one container"
+    return containers[0]
+
+
+def env_map(container: Manifest) -> dict[str, Manifest]:
+    """Env entries by name (the entry, so callers can see value or valueFrom)."""
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def values_id(path: Path | None) -> str:
+    return path.name if path else "default"

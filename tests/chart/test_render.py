@@ -1,0 +1,498 @@
+"""The chart, rendered and checked: lint, Kubernetes schemas, and what the objects promise.
+
+Every values set is the defaults plus each `ci/*-values.yaml`. Manifests are validated per
+document against the oldest and newest Kubernetes the chart supports (kubernetes-validate,
+strict: unknown fields fail), CRD-backed ones against the JSON schemas in `schemas/`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from starlette.routing import Route
+
+from service.routes import ROUTES
+from service.settings import Settings
+
+from .helm import (
+    CHART,
+    CI_VALUES,
+    NAMESPACE,
+    RELEASE,
+    Manifest,
+    env_map,
+    helm,
+    kinds,
+    only,
+    render,
+    render_error,
+    server_container,
+    values_id,
+)
+
+pytestmark = pytest.mark.chart
+
+KUBE_VERSIONS = ("1.28", kubernetes_validate.latest_version())
+VALUE_SETS: list[Path | None] = [None, *CI_VALUES]
+SCHEMAS = Path(__file__).parent / "schemas"
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): SCHEMAS / "keda.sh_scaledobject_v1alpha1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS
+    / "monitoring.coreos.com_servicemonitor_v1.json",
+}
+# Env the chart sets that are not service settings: library knobs.
+LIBRARY_ENV = {"HF_HUB_OFFLINE", "HF_HOME", "XDG_CACHE_HOME"}
+TEST_ONLY_SETTINGS = {"MODEL_LOAD_DELAY_S"}
+SEED_CURL = 'curl -X POST -d "Paris is the [MASK] of France." http://localhost:8000/'
+
+values_sets = pytest.mark.parametrize("values", VALUE_SETS, ids=values_id)
+
+
+def pod_spec(docs: list[Manifest]) -> Manifest:
+    spec: Manifest = only(docs, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def ci_values(name: str) -> Path:
+    return CHART / "ci" / name
+
+
+# --- helm's own checks ---------------------------------------------------------------------
+
+
+@values_sets
+def test_lint_strict(values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART)] + (["--values", str(values)] if values else [])
+    done = helm(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_package(tmp_path: Path) -> None:
+    done = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.glob("pipeline-server-*.tgz"))
+
+
+def test_schema_rejects_misspelled_values() -> None:
+    assert "'maxBatchSzie' not allowed" in render_error(None, "server.maxBatchSzie=4")
+    assert "'replicaCont' not allowed" in render_error(None, "replicaCont=2")
+    assert "source" in render_error(None, "model.source=s3")
+
+
+def test_notes_print_port_forward_and_seed_curl() -> None:
+    done = helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    fullname = f"{RELEASE}-pipeline-server"
+    assert f"kubectl --namespace {NAMESPACE} port-forward service/{fullname} 8000:8000" in notes
+    assert SEED_CURL in notes
+
+
+def test_notes_with_api_key_send_it() -> None:
+    done = helm("install", RELEASE, str(CHART), "--dry-run=client", "--set", "apiKey.value=k")
+    assert done.returncode == 0, done.stderr
+    assert 'curl -H "Authorization: Bearer $API_KEY" -X POST -d' in done.stdout
+
+
+# --- Kubernetes schemas ----------------------------------------------------------------------
+
+
+@values_sets
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+def test_manifests_match_kubernetes_schemas(values: Path | None, kube: str) -> None:
+    errors = []
+    for doc in render(values):
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        crd = CRD_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
+        try:
+            if crd:
+                jsonschema.validate(doc, json.loads(crd.read_text()))
+            else:
+                kubernetes_validate.validate(doc, kube, strict=True)
+        except jsonschema.ValidationError as e:  # kubernetes_validate's error subclasses it
+            errors.append(f"{where} at {list(e.absolute_path)}: {e.message}")
+    assert not errors, "\n".join(errors)
+
+
+def test_every_crd_kind_is_checked() -> None:
+    rendered = {d["kind"] for v in VALUE_SETS for d in render(v)}
+    assert {"ScaledObject", "ServiceMonitor"} <= rendered
+
+
+# --- the Deployment against the service --------------------------------------------------------
+
+
+@values_sets
+def test_probes_hit_the_service_routes_on_its_port(values: Path | None) -> None:
+    docs = render(values)
+    container = server_container(docs)
+    routes = {r.path: r.methods or set() for r in ROUTES if isinstance(r, Route)}
+    probes = {k: container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert probes["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert probes["livenessProbe"]["httpGet"]["path"] == "/livez"
+    (port,) = container["ports"]
+    for probe in probes.values():
+        assert "GET" in routes[probe["httpGet"]["path"]]
+        assert probe["httpGet"]["port"] == port["name"] == "http"
+    assert env_map(container)["PORT"]["value"] == str(port["containerPort"])
+    assert env_map(container)["HOST"]["value"] == "0.0.0.0"
+    service = only(docs, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+@values_sets
+def test_env_names_are_service_settings(values: Path | None) -> None:
+    settings = {name.upper() for name in Settings.model_fields}
+    container = server_container(render(values))
+    extra = {e["name"] for e in _values_extra_env(values)}
+    unknown = set(env_map(container)) - settings - LIBRARY_ENV - extra
+    assert not unknown, f"the chart sets env the service does not read: {unknown}"
+
+
+def test_every_setting_is_reachable_from_values() -> None:
+    settings = {name.upper() for name in Settings.model_fields} - TEST_ONLY_SETTINGS
+    rendered = {
+        name
+        for values in VALUE_SETS
+        for name in env_map(server_container(render(values)))
+        if name not in LIBRARY_ENV
+    }
+    optional = render(
+        None,
+        "model.task=fill-mask",
+        "model.revision=main",
+        "server.dtype=float32",
+        "server.maxBatchTokens=4096",
+        "apiKey.value=k",
+    )
+    rendered |= set(env_map(server_container(optional)))
+    assert settings <= rendered, f"no value sets {settings - rendered}"
+
+
+def test_settings_come_from_values() -> None:
+    env = env_map(
+        server_container(
+            render(
+                None,
+                "server.maxBatchSize=7",
+                "server.maxBatchWaitMs=3",
+                "server.maxQueueSize=99",
+                "server.requestTimeoutS=12",
+                "server.drainTimeoutS=20",
+                "model.task=fill-mask",
+            )
+        )
+    )
+    assert env["MAX_BATCH_SIZE"]["value"] == "7"
+    assert env["MAX_BATCH_WAIT_MS"]["value"] == "3"
+    assert env["MAX_QUEUE_SIZE"]["value"] == "99"
+    assert env["REQUEST_TIMEOUT_S"]["value"] == "12"
+    assert env["DRAIN_TIMEOUT_S"]["value"] == "20"
+    assert env["TASK"]["value"] == "fill-mask"
+    assert env["MAX_BODY_BYTES"]["value"] == "1048576"  # not 1.048576e+06
+
+
+def test_api_key_comes_from_a_secret() -> None:
+    docs = render(ci_values("full-values.yaml"))
+    ref = env_map(server_container(docs))["API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "pipeline-server-api-key", "key": "token"}
+    assert "Secret" not in kinds(docs)  # an existing Secret: the chart creates none
+
+    docs = render(None, "apiKey.value=s3cret")
+    secret = only(docs, "Secret")
+    ref = env_map(server_container(docs))["API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    assert ref["key"] in secret["data"]
+    assert "s3cret" not in json.dumps(only(docs, "Deployment"))
+    assert "API_KEY" not in env_map(server_container(render(None)))
+
+
+def test_torch_threads_follow_the_cpu_limit() -> None:
+    env = env_map(server_container(render(None)))
+    assert env["TORCH_NUM_THREADS"]["valueFrom"]["resourceFieldRef"] == {
+        "resource": "limits.cpu",
+        "divisor": "1",
+    }
+    gpu = env_map(server_container(render(ci_values("gpu-values.yaml"))))
+    assert gpu["TORCH_NUM_THREADS"]["value"] == "4"
+    error = render_error(None, "resources.limits.cpu=null")
+    assert "resources.limits.cpu is required unless server.torchNumThreads" in error
+
+
+@values_sets
+def test_resources_are_set(values: Path | None) -> None:
+    resources = server_container(render(values))["resources"]
+    assert {"cpu", "memory"} <= set(resources["requests"])
+    assert "memory" in resources["limits"]
+
+
+def test_resources_are_required_by_the_schema() -> None:
+    assert "resources" in render_error(None, "resources=null")
+    assert "memory" in render_error(None, "resources.limits.memory=null")
+
+
+# --- shutdown and rollout ------------------------------------------------------------------------
+
+
+@values_sets
+def test_grace_period_covers_prestop_and_drain(values: Path | None) -> None:
+    docs = render(values)
+    spec = pod_spec(docs)
+    container = server_container(docs)
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep", "an exec sleep: the native sleep action needs k8s 1.29"
+    pre_stop = float(command[1])
+    drain = float(env_map(container)["DRAIN_TIMEOUT_S"]["value"])
+    assert spec["terminationGracePeriodSeconds"] >= pre_stop + drain + 10
+
+
+def test_grace_period_too_short_fails_clearly() -> None:
+    error = render_error(None, "terminationGracePeriodSeconds=30")
+    assert "terminationGracePeriodSeconds (30) must be at least preStopSleepSeconds (5)" in error
+    assert "server.drainTimeoutS (25) + 10 = 40" in error
+
+
+@values_sets
+def test_rollout_adds_before_it_removes(values: Path | None) -> None:
+    strategy = only(render(values), "Deployment")["spec"]["strategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+
+
+@values_sets
+def test_startup_probe_budget_covers_model_load(values: Path | None) -> None:
+    container = server_container(render(values))
+    startup = container["startupProbe"]
+    assert startup["failureThreshold"] * startup["periodSeconds"] >= 300
+    assert "initialDelaySeconds" not in container["livenessProbe"] or (
+        container["livenessProbe"]["initialDelaySeconds"] == 0
+    ), "the startup probe already holds liveness back"
+
+
+# --- security ----------------------------------------------------------------------------------
+
+
+def _restricted(container: Manifest) -> None:
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+@values_sets
+def test_pods_are_restricted(values: Path | None) -> None:
+    docs = render(values)
+    pods = [pod_spec(docs), only(docs, "Pod")["spec"]]
+    for spec in pods:
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["enableServiceLinks"] is False
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] == 10001
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert not any("hostPath" in v for v in spec.get("volumes", []))
+        for container in spec["containers"] + spec.get("initContainers", []):
+            _restricted(container)
+    if "ServiceAccount" in kinds(docs):
+        assert only(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+
+
+@values_sets
+def test_writable_paths_are_emptydirs(values: Path | None) -> None:
+    docs = render(values)
+    volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in server_container(docs)["volumeMounts"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert "emptyDir" in volumes[mounts["/cache"]]
+    env = env_map(server_container(docs))
+    assert env["HF_HOME"]["value"].startswith("/cache/")
+    model_id = env["MODEL_ID"]["value"]
+    assert not model_id.startswith(("/cache", "/tmp")), "the cache emptyDir must not hide it"
+
+
+# --- model sources -------------------------------------------------------------------------------
+
+
+def test_model_baked_in_the_image() -> None:
+    docs = render(None)
+    assert env_map(server_container(docs))["MODEL_ID"]["value"] == "/models/model"
+    assert "initContainers" not in pod_spec(docs)
+    assert "model" not in {v["name"] for v in pod_spec(docs)["volumes"]}
+
+
+def test_model_from_a_pvc() -> None:
+    docs = render(ci_values("full-values.yaml"))
+    volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    mount = next(m for m in server_container(docs)["volumeMounts"] if m["name"] == "model")
+    assert mount == {
+        "name": "model",
+        "mountPath": "/models/pvc",
+        "subPath": "bert-base-uncased",
+        "readOnly": True,
+    }
+    assert env_map(server_container(docs))["MODEL_ID"]["value"] == "/models/pvc"
+    assert "claimName" in render_error(None, "model.source=pvc")
+
+
+def test_model_downloaded_at_start() -> None:
+    docs = render(ci_values("keda-values.yaml"))
+    spec = pod_spec(docs)
+    (init,) = spec["initContainers"]
+    init_env = env_map(init)
+    assert init_env["DOWNLOAD_REPO_ID"]["value"] == "google-bert/bert-base-uncased"
+    assert init_env["HF_HUB_OFFLINE"]["value"] == "0"
+    assert init_env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["model"]["emptyDir"] == {"sizeLimit": "2Gi"}
+    env = env_map(server_container(docs))
+    assert env["MODEL_ID"]["value"] == "/models/download"
+    assert env["HF_HUB_OFFLINE"]["value"] == "1"
+    assert "repoId" in render_error(None, "model.source=download")
+
+
+# --- optional objects ------------------------------------------------------------------------
+
+
+def test_pdb_only_when_more_than_one_replica_can_exist() -> None:
+    assert "PodDisruptionBudget" not in kinds(render(None))
+    assert "PodDisruptionBudget" in kinds(render(None, "replicaCount=2"))
+    assert "PodDisruptionBudget" in kinds(render(None, "autoscaling.enabled=true"))
+    one = render(None, "autoscaling.enabled=true", "autoscaling.maxReplicas=1")
+    assert "PodDisruptionBudget" not in kinds(one)
+    assert "PodDisruptionBudget" not in kinds(
+        render(None, "replicaCount=2", "podDisruptionBudget.enabled=false")
+    )
+
+
+def test_hpa_scales_on_cpu_and_queue_depth() -> None:
+    docs = render(ci_values("full-values.yaml"))
+    hpa = only(docs, "HorizontalPodAutoscaler")
+    metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert metrics["Resource"]["resource"]["target"]["averageUtilization"] == 70
+    assert metrics["Pods"]["pods"]["metric"]["name"] == "pipeline_server_queue_depth"
+    assert metrics["Pods"]["pods"]["target"] == {"type": "AverageValue", "averageValue": "24"}
+    assert "replicas" not in only(docs, "Deployment")["spec"], "the HPA owns the count"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+
+
+def test_keda_scales_on_queue_depth() -> None:
+    docs = render(ci_values("keda-values.yaml"))
+    scaled = only(docs, "ScaledObject")
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert "pipeline_server_queue_depth" in trigger["metadata"]["query"]
+    assert f'namespace="{NAMESPACE}"' in trigger["metadata"]["query"]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == only(docs, "Deployment")["metadata"]["name"]
+    assert "replicas" not in only(docs, "Deployment")["spec"]
+    assert "HorizontalPodAutoscaler" not in kinds(docs)
+
+
+def test_hpa_and_keda_are_exclusive() -> None:
+    error = render_error(None, "autoscaling.enabled=true", "keda.enabled=true")
+    assert "autoscaling.enabled and keda.enabled are both true: choose one" in error
+
+
+def test_crd_objects_need_their_api() -> None:
+    docs = render(ci_values("keda-values.yaml"), apis=())
+    assert "ScaledObject" not in kinds(docs)
+    assert "ServiceMonitor" not in kinds(docs)
+    assert only(docs, "Deployment")["spec"]["replicas"] == 1, "without KEDA, a fixed count"
+    done = helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--dry-run=client",
+        "--values",
+        str(ci_values("keda-values.yaml")),
+    )
+    assert "WARNING: keda.enabled=true, but this cluster does not serve" in done.stdout
+    assert "WARNING: serviceMonitor.enabled=true" in done.stdout
+
+
+def test_service_monitor_scrapes_metrics() -> None:
+    docs = render(ci_values("full-values.yaml"))
+    monitor = only(docs, "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= only(docs, "Service")["metadata"]["labels"].items()
+    )
+
+
+def test_network_policy_and_ingress() -> None:
+    docs = render(ci_values("full-values.yaml"))
+    policy = only(docs, "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    ingress = only(docs, "Ingress")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": f"{RELEASE}-pipeline-server", "port": {"name": "http"}}
+
+
+def test_platform_values_reach_the_pod() -> None:
+    docs = render(ci_values("full-values.yaml"))
+    spec = pod_spec(docs)
+    meta = only(docs, "Deployment")["spec"]["template"]["metadata"]
+    container = server_container(docs)
+    assert container["image"].endswith("@sha256:" + "0123456789abcdef" * 4)
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["priorityClassName"] == "inference"
+    assert spec["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    assert spec["tolerations"][0]["key"] == "dedicated"
+    assert "podAntiAffinity" in spec["affinity"]
+    (spread,) = spec["topologySpreadConstraints"]
+    assert (
+        spread["labelSelector"]["matchLabels"]
+        == only(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    )
+    assert meta["annotations"]["example.com/team"] == "ml-platform"
+    assert meta["labels"]["example.com/cost-center"] == "1234"
+    assert env_map(container)["MALLOC_ARENA_MAX"]["value"] == "2"
+    assert any(v["name"] == "extra-config" for v in spec["volumes"])
+    assert any(m["name"] == "extra-config" for m in container["volumeMounts"])
+
+
+def test_helm_test_pod_checks_readiness_and_one_inference() -> None:
+    pod = only(render(None), "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (check,) = pod["spec"]["containers"]
+    script = check["command"][-1]
+    assert '"/readyz"' in script and "urlopen(req" in script
+    env = env_map(check)
+    assert env["BASE_URL"]["value"] == f"http://{RELEASE}-pipeline-server.{NAMESPACE}.svc:8000"
+    assert env["INPUT"]["value"] == "Paris is the [MASK] of France."
+
+
+# --- the image and the chart agree ----------------------------------------------------------------
+
+
+def test_dockerfile_matches_the_chart() -> None:
+    dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
+    defaults = render(None)
+    assert "useradd --system --uid 10001" in dockerfile
+    assert "MODEL_ID=/models/model" in dockerfile
+    assert "HF_HOME=/cache/huggingface" in dockerfile
+    assert "EXPOSE 8000" in dockerfile
+    assert 'CMD ["pipeline-server"]' in dockerfile
+    assert env_map(server_container(defaults))["MODEL_ID"]["value"] == "/models/model"
+
+
+def _values_extra_env(values: Path | None) -> list[Manifest]:
+    if values is None:
+        return []
+    data = yaml.safe_load(values.read_text()) or {}
+    extra: list[Manifest] = data.get("extraEnv", [])
+    return extra
