@@ -1,0 +1,54 @@
+# pipeline-server: one command to run the service, one to run the tests (see README.md).
+# Both build a virtualenv in .venv from nothing; torch comes as the CPU build (constraints.txt).
+
+VENV        ?= .venv
+PYTHON      ?= python3
+TORCH_INDEX ?=
+PIP_EXTRA   := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+BIN         := $(VENV)/bin
+TOOLS       := .tools/bin
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: run install dev test lint typecheck unit chart-tools image-test bench locust clean
+
+run: $(VENV)/.installed  ## serve the default (embedded) model on http://localhost:8000
+	$(BIN)/pipeline-server
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_EXTRA) \
+		-c constraints.txt -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_EXTRA) \
+		-c constraints.txt -e '.[dev]'
+	touch $@
+
+$(TOOLS)/helm:
+	bash scripts/install-helm.sh $(TOOLS)
+
+chart-tools: $(TOOLS)/helm
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check service tests loadtest
+	$(BIN)/ruff format --check service tests loadtest
+
+typecheck: $(VENV)/.dev
+	$(BIN)/mypy
+
+test: $(VENV)/.dev $(TOOLS)/helm lint typecheck  ## lint, type check, every test
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/python -m pytest
+
+unit: $(VENV)/.dev  ## the fast in-process suite only
+	$(BIN)/python -m pytest -m "not server and not chart and not kubelet and not loadtest"
+
+image-test:  ## build the image with podman and test it (minutes; root on Debian)
+	bash tests/image/run.sh
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
