@@ -8,6 +8,7 @@ in the environment points at another binary.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import subprocess
 import sys
@@ -104,3 +105,25 @@ def env_map(container: Manifest) -> dict[str, Manifest]:
 
 def values_id(path: Path | None) -> str:
     return path.name if path else "default"
+
+
+def cpu_cores(quantity: str | int | float) -> float:
+    """A CPU quantity in cores ("1500m" -> 1.5, "2" -> 2.0)."""
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def container_env(container: Manifest) -> dict[str, str]:
+    """The env a kubelet gives the container (no Secrets here: secret refs are left out).
+
+    resourceFieldRef limits.cpu with divisor 1 is the limit rounded up, as the API does it.
+    """
+    env: dict[str, str] = {}
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+        elif ref := entry["valueFrom"].get("resourceFieldRef"):
+            assert (ref["resource"], ref["divisor"]) == ("limits.cpu", "1"), ref
+            cpu = container["resources"]["limits"]["cpu"]
+            env[entry["name"]] = str(math.ceil(cpu_cores(cpu)))
+    return env

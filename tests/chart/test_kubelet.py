@@ -19,7 +19,6 @@ MODEL_LOAD_DELAY_S makes the load slow enough that "not ready while loading" is 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import signal
 import socket
@@ -35,7 +34,7 @@ import pytest
 
 from service.model import default_model_dir
 
-from .helm import Manifest, only, render, server_container
+from .helm import Manifest, container_env, only, render, server_container
 
 pytestmark = pytest.mark.kubelet
 
@@ -82,27 +81,13 @@ class Record:
 
 
 def resolve_env(container: Manifest, port: int, tmp: Path) -> dict[str, str]:
-    """The container's env as the kubelet would give it, mapped onto this machine."""
-    limits = container["resources"]["limits"]
-    env: dict[str, str] = {}
-    for entry in container["env"]:
-        if "value" in entry:
-            env[entry["name"]] = entry["value"]
-            continue
-        field_ref = entry["valueFrom"]["resourceFieldRef"]
-        assert (field_ref["resource"], field_ref["divisor"]) == ("limits.cpu", "1")
-        env[entry["name"]] = str(math.ceil(cpu_cores(limits["cpu"])))  # the API rounds up
-    # The container-only parts: the listen address, the baked model, the emptyDir mounts.
-    assert env["MODEL_ID"] == "/models/model"
+    """The container's env, mapped onto this machine: only container-only parts change."""
+    env = container_env(container)
+    assert env["MODEL_ID"] == "/models/model", "the model baked into the image"
     env |= {"HOST": "127.0.0.1", "PORT": str(port), "MODEL_ID": str(default_model_dir())}
-    for name in ("HF_HOME", "XDG_CACHE_HOME"):
+    for name in ("HF_HOME", "XDG_CACHE_HOME"):  # the /cache emptyDir
         env[name] = str(tmp / env[name].lstrip("/"))
     return env
-
-
-def cpu_cores(quantity: str | int | float) -> float:
-    text = str(quantity)
-    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
 def free_port() -> int:

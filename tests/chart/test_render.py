@@ -476,20 +476,6 @@ def test_helm_test_pod_checks_readiness_and_one_inference() -> None:
     assert env["INPUT"]["value"] == "Paris is the [MASK] of France."
 
 
-# --- the image and the chart agree ----------------------------------------------------------------
-
-
-def test_dockerfile_matches_the_chart() -> None:
-    dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
-    defaults = render(None)
-    assert "useradd --system --uid 10001" in dockerfile
-    assert "MODEL_ID=/models/model" in dockerfile
-    assert "HF_HOME=/cache/huggingface" in dockerfile
-    assert "EXPOSE 8000" in dockerfile
-    assert 'CMD ["pipeline-server"]' in dockerfile
-    assert env_map(server_container(defaults))["MODEL_ID"]["value"] == "/models/model"
-
-
 def _values_extra_env(values: Path | None) -> list[Manifest]:
     if values is None:
         return []
