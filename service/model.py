@@ -217,8 +217,17 @@ class Engine:
                     for o, c in zip(mine, p.chunks, strict=True)
                 ]
             answer = pipe.postprocess(mine if chunked else mine[0], **calls.postprocess)
-            answers.append(answer.numpy() if hasattr(answer, "numpy") else answer)
+            answers.append(self._as_single_call(answer, calls))
         return answers
+
+    def _as_single_call(self, answer: Any, calls: Calls) -> Any:
+        """What `pipe(text)` returns for this one input: text-classification without
+        `top_k` wraps its answer in a list (the pipeline's legacy single-string form)."""
+        if hasattr(answer, "numpy"):
+            return answer.numpy()  # feature-extraction rows, encoded by orjson
+        if self.info.task == "text-classification" and calls.postprocess.get("_legacy", True):
+            return [answer]
+        return answer
 
     def _cut_padding(self, output: Any, n_tokens: int) -> Any:
         """Feature-extraction: a padded batch gives each input the longest input's token rows;

@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from models import build  # noqa: E402
+from models import build
 
-from service.app import create_app  # noqa: E402
-from service.model import default_model_dir  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from service.app import create_app
+from service.model import default_model_dir
+from service.settings import Settings
 
 SEED_TEXT = "Paris is the [MASK] of France."
 TASKS = ("fill-mask", "text-classification", "token-classification")
@@ -93,8 +93,9 @@ class ServerProcess:
         full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), **env}
         self._log = log_file.open("wb")
         script = Path(sys.executable).with_name("pipeline-server")
-        self.proc = subprocess.Popen([str(script)], env=full_env, stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [str(script)], env=full_env, stdout=self._log, stderr=subprocess.STDOUT
+        )
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(self.url + path, timeout=10, **kw)

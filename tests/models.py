@@ -12,7 +12,7 @@ import string
 from pathlib import Path
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = (
+WORDS = (  # noqa: SIM905  (a sentence reads better than a column of words)
     "paris is the capital of france this an example a sentence with some words and more text "
     "berlin germany rome italy city river big small good bad happy sad model test hello world "
     "john lives in london works at acme on monday"

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-
 from conftest import SEED_TEXT, ServerProcess
 
 pytestmark = pytest.mark.server
@@ -25,7 +24,9 @@ def test_seed_curl_and_paraphrases(start_server: Callable[..., ServerProcess]) -
     server.wait_ready()
     out = subprocess.run(
         ["curl", "-s", "-X", "POST", "-d", SEED_TEXT, server.url + "/"],
-        capture_output=True, check=True, timeout=30,
+        capture_output=True,
+        check=True,
+        timeout=30,
     )
     rows = json.loads(out.stdout)
     assert np.asarray(rows).shape == (1, 9, 384)  # [CLS] paris is the [MASK] of france . [SEP]

@@ -1,0 +1,140 @@
+"""In-process helpers for the overload, deadline and disconnect tests.
+
+`Recorder` wraps `service.model.load_engine` so a test sees which texts reached the pipeline
+(`Engine.run`) and can make batches slow or stuck. `serve()` runs the app under a real uvicorn
+server in a thread on 127.0.0.1, so a client can really disconnect (TestClient cannot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+from conftest import free_port, wait_ready
+from prometheus_client import REGISTRY
+from starlette.applications import Starlette
+
+from service.app import create_app
+from service.model import Engine, load_engine
+from service.settings import Settings
+
+
+class Recorder:
+    """An engine factory that records the texts of every `Engine.run` call.
+
+    `delay_per_input_s` sleeps in `run` per input of the batch (torch-free slowness, the same
+    for warm-up, so the service-time estimate is right from the start unless `slow_after` is
+    cleared). While `gate` is cleared, `run` blocks on it (a stuck batch)."""
+
+    def __init__(self, delay_per_input_s: float = 0.0, *, delay_warm_up: bool = True) -> None:
+        self.delay_per_input_s = delay_per_input_s
+        self.slow = threading.Event()
+        if delay_warm_up:
+            self.slow.set()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.ran: list[str] = []
+        self.engine: Engine | None = None
+
+    def __call__(self, settings: Settings) -> Engine:
+        engine = load_engine(settings)
+        prepare, run = engine.prepare, engine.run
+        texts: dict[int, tuple[Any, str]] = {}  # keeps each prepared object alive: ids stay unique
+
+        def recording_prepare(text: str, *args: Any, **kwargs: Any) -> Any:
+            prepared = prepare(text, *args, **kwargs)
+            texts[id(prepared)] = (prepared, text)
+            return prepared
+
+        def recording_run(batch: list[Any]) -> list[Any]:
+            self.ran.extend(texts[id(p)][1] if id(p) in texts else "?" for p in batch)
+            self.gate.wait(60)
+            if self.slow.is_set():
+                time.sleep(self.delay_per_input_s * len(batch))
+            return run(batch)
+
+        engine.prepare = recording_prepare  # type: ignore[method-assign]
+        engine.run = recording_run  # type: ignore[method-assign]
+        self.engine = engine
+        return engine
+
+    def wait_ran(self, text: str, timeout: float = 10) -> None:
+        """Block until `text` has been passed to `Engine.run`."""
+        until = time.monotonic() + timeout
+        while text not in self.ran:
+            if time.monotonic() > until:
+                raise AssertionError(f"{text!r} never ran; ran: {self.ran}")
+            time.sleep(0.005)
+
+
+class Served:
+    """A running in-process server: its base `url` and the app (for its runtime's state)."""
+
+    def __init__(self, app: Starlette, url: str) -> None:
+        self.app = app
+        self.url = url
+
+    @property
+    def depth(self) -> int:
+        return int(self.app.state.runtime.batcher.queue.depth)
+
+    def wait_depth(self, depth: int, timeout: float = 10) -> None:
+        until = time.monotonic() + timeout
+        while self.depth != depth:
+            if time.monotonic() > until:
+                raise AssertionError(f"queue depth {self.depth}, expected {depth}")
+            time.sleep(0.005)
+
+
+@contextmanager
+def serve(
+    settings: Settings, engine_factory: Callable[[Settings], Engine] = load_engine
+) -> Iterator[Served]:
+    """`create_app(settings, engine_factory)` under uvicorn (httptools, as in production) in a
+    thread; yields once /readyz answers 200, stops the server (lifespan shutdown) after."""
+    app = create_app(settings, engine_factory=engine_factory)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(lambda path: httpx.get(url + path, timeout=5), timeout=60)
+        yield Served(app, url)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def sample(name: str, **labels: str) -> float:
+    """The current value of one sample of the default Prometheus registry (0 if absent)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def raw_request(port_url: str, head: str, body: bytes = b"") -> tuple[Any, Any]:
+    """Open a connection, send `head` (request line and headers, no final blank line) and
+    `body`; return the (reader, writer) pair without waiting for the answer."""
+    host, port = port_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head.encode() + b"\r\n\r\n" + body)
+    await writer.drain()
+    return reader, writer
+
+
+def http_post(text: str, **headers: str) -> str:
+    """A `POST /` request head with a text/plain body of `text` (Content-Length set)."""
+    lines = [
+        "POST / HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: text/plain",
+        f"Content-Length: {len(text.encode())}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    return "\r\n".join(lines)

@@ -1,0 +1,111 @@
+"""The app in-process: readiness during a slow load, request ids, 404/405, /info, content types."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from conftest import SEED_TEXT, app_client, wait_ready
+from starlette.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+
+
+def test_slow_load_readiness_then_ready(tiny_models: dict[str, Path]) -> None:
+    app = create_app(Settings(model_id=str(tiny_models["fill-mask"]), model_load_delay_s=1.5))
+    with TestClient(app) as client:
+        seen_loading = 0
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:
+            assert client.get("/livez").status_code == 200  # loading counts as alive
+            r = client.get("/readyz")
+            assert r.status_code == 503 and r.json() == {"status": "loading"}
+            r = client.post("/", content=SEED_TEXT)
+            assert r.status_code == 503 and r.headers["retry-after"] == "5"
+            assert r.json()["error_type"] == "not_ready"
+            seen_loading += 1
+            time.sleep(0.1)
+        assert seen_loading >= 5
+        wait_ready(client.get, timeout=30)
+        assert client.post("/", content=SEED_TEXT).status_code == 200
+        assert client.get("/livez").json() == {"status": "ready"}
+
+
+def test_failed_load_is_never_ready_and_not_live(tmp_path: Path) -> None:
+    app = create_app(Settings(model_id=str(tmp_path / "no-such-model"), task="fill-mask"))
+    with TestClient(app) as client:
+        until = time.monotonic() + 30
+        while client.get("/livez").status_code == 200 and time.monotonic() < until:
+            time.sleep(0.05)
+        r = client.get("/livez")
+        assert r.status_code == 503 and r.json() == {"status": "model failed to load"}
+        assert client.get("/readyz").status_code == 503
+        r = client.post("/", content="x")
+        assert r.status_code == 503 and str(tmp_path) not in r.text
+
+
+def test_request_id_echoed_when_sane_else_generated(embedded_client: TestClient) -> None:
+    r = embedded_client.post("/", content="hello", headers={"x-request-id": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    r = embedded_client.post("/", content="hello", headers={"x-request-id": "bad id\x7f" * 30})
+    assert r.headers["x-request-id"] != "bad id" and len(r.headers["x-request-id"]) == 32
+    assert embedded_client.get("/readyz").headers["x-request-id"]
+
+
+def test_unknown_path_and_method_answer_json(embedded_client: TestClient) -> None:
+    r = embedded_client.get("/nope")
+    assert r.status_code == 404 and r.json()["error_type"] == "not_found"
+    r = embedded_client.get("/")
+    assert r.status_code == 405 and r.json()["error_type"] == "method_not_allowed"
+    assert r.json()["request_id"] == r.headers["x-request-id"]
+
+
+def test_content_types(embedded_client: TestClient) -> None:
+    r = embedded_client.post("/", content="hello", headers={"content-type": "image/png"})
+    assert r.status_code == 415 and r.json()["error_type"] == "unsupported_media_type"
+    # No sniffing: a JSON-looking body sent as text is one raw input.
+    r = embedded_client.post(
+        "/", content='{"inputs": "hi"}', headers={"content-type": "text/plain"}
+    )
+    assert r.status_code == 200
+    assert len(r.json()[0]) > 5  # the braces and quotes were embedded as text tokens
+
+
+def test_info_describes_model_and_settings(embedded_client: TestClient) -> None:
+    info = embedded_client.get("/info").json()
+    assert info["model"]["task"] == "feature-extraction"
+    assert info["model"]["max_input_tokens"] == 512
+    assert info["model"]["torch_threads"] >= 1
+    assert info["batching"]["max_batch_size"] == 32
+    assert {"torch", "transformers"} <= set(info["versions"])
+
+
+def test_metrics_exposes_the_contract(embedded_client: TestClient) -> None:
+    embedded_client.post("/", content="hello")
+    text = embedded_client.get("/metrics").text
+    for name in (
+        "pipeline_server_requests_total",
+        "pipeline_server_queue_depth",
+        "pipeline_server_batch_size_bucket",
+        "pipeline_server_inference_seconds_bucket",
+        "pipeline_server_model_load_seconds",
+        "pipeline_server_ready 1.0",
+        "pipeline_server_torch_threads",
+        "pipeline_server_padding_efficiency_bucket",
+    ):
+        assert name in text, name
+
+
+def test_list_of_inputs_is_answered_in_order(tiny_models: dict[str, Path]) -> None:
+    with app_client(tiny_models["text-classification"]) as client:
+        texts = ["good happy", "bad sad", "a river"]
+        listed = client.post("/", json={"inputs": texts, "parameters": {"top_k": 3}}).json()
+        singles = [
+            client.post("/", json={"inputs": t, "parameters": {"top_k": 3}}).json() for t in texts
+        ]
+        assert len(listed) == 3
+        for a, b in zip(listed, singles, strict=True):
+            assert {x["label"]: round(x["score"], 4) for x in a} == {
+                x["label"]: round(x["score"], 4) for x in b
+            }

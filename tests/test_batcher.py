@@ -1,0 +1,187 @@
+"""The batcher without HTTP: grouping, bounds, dropping before compute, isolating failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from service.batcher import Batcher, Item, State
+from service.errors import DeadlineExceeded, InferenceFailed, Overloaded
+from service.model import Engine, Prepared, load_engine
+from service.params import params_key
+from service.settings import Settings
+
+
+class RecordingEngine:
+    """Wraps the real engine: records each batch's texts; can hold a batch or fail on a text."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.info = engine, engine.info
+        self.batches: list[list[str]] = []
+        self.texts: dict[int, str] = {}
+        self.hold = threading.Event()
+        self.hold.set()
+        self.poison: str | None = None
+
+    def prepare(self, text: str, key: Any, params: dict[str, Any]) -> Prepared:
+        prepared = self.engine.prepare(text, key, params)
+        self.texts[id(prepared)] = text
+        return prepared
+
+    def run(self, batch: list[Prepared]) -> list[Any]:
+        texts = [self.texts[id(p)] for p in batch]
+        self.batches.append(texts)
+        assert self.hold.wait(10)
+        if self.poison in texts:
+            raise RuntimeError("model exploded")
+        return self.engine.run(batch)
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def batcher(tiny_models: dict[str, Path]) -> Iterator[tuple[Batcher, RecordingEngine]]:
+    engines: list[RecordingEngine] = []
+
+    def factory(settings: Settings) -> Any:
+        engines.append(RecordingEngine(load_engine(settings)))
+        return engines[0]
+
+    b = Batcher(
+        Settings(model_id=str(tiny_models["fill-mask"]), max_batch_size=3, max_queue_size=64),
+        factory,
+    )
+    b.start()
+    until = time.monotonic() + 30
+    while b.state is not State.READY and time.monotonic() < until:
+        time.sleep(0.01)
+    assert b.state is State.READY
+    engines[0].batches.clear()
+    yield b, engines[0]
+    engines[0].hold.set()
+    b.stop(10)
+
+
+def items(texts: list[str], deadline_s: float = 30, **params: Any) -> list[Item]:
+    return [
+        Item(text=t, params=params, key=params_key(params), deadline=time.monotonic() + deadline_s)
+        for t in texts
+    ]
+
+
+def hold_the_thread(b: Batcher, engine: RecordingEngine) -> Item:
+    """Start one batch and keep it running, so what follows queues up behind it."""
+    engine.hold.clear()
+    blocker = items(["[MASK] blocker"])
+    b.queue.offer(blocker, b.estimate)
+    until = time.monotonic() + 10
+    while not engine.batches and time.monotonic() < until:
+        time.sleep(0.005)
+    return blocker[0]
+
+
+def test_batches_group_parameters_and_respect_max_batch_size(
+    batcher: tuple[Batcher, RecordingEngine],
+) -> None:
+    b, engine = batcher
+    blocker = hold_the_thread(b, engine)
+    a = items([f"a{i} [MASK]" for i in range(4)], top_k=1)
+    c = items(["c0 [MASK]"], top_k=2)
+    b.queue.offer(a[:2], b.estimate)
+    b.queue.offer(c, b.estimate)
+    b.queue.offer(a[2:], b.estimate)
+    engine.hold.set()
+    for item in [blocker, *a, *c]:
+        item.future.result(10)
+    assert engine.batches[1:] == [
+        ["a0 [MASK]", "a1 [MASK]", "a2 [MASK]"],
+        ["c0 [MASK]"],
+        ["a3 [MASK]"],
+    ]
+
+
+def test_cancelled_and_expired_inputs_are_never_computed(
+    batcher: tuple[Batcher, RecordingEngine],
+) -> None:
+    b, engine = batcher
+    cancelled_before = counter("pipeline_server_cancelled_total", reason="client_disconnect")
+    expired_before = counter("pipeline_server_expired_total", stage="queued")
+    blocker = hold_the_thread(b, engine)
+    gone, expiring, kept = (
+        items(["gone [MASK]"]),
+        items(["late [MASK]"], 0.05),
+        items(["ok [MASK]"]),
+    )
+    b.estimate.per_input_s, b.estimate.batch_ends_at = 1e-6, 0.0  # admit what will expire
+    for group in (gone, expiring, kept):
+        b.queue.offer(group, b.estimate)
+    assert gone[0].future.cancel()
+    time.sleep(0.1)
+    engine.hold.set()
+    blocker.future.result(10)
+    assert isinstance(kept[0].future.result(10), list)
+    with pytest.raises(DeadlineExceeded):
+        expiring[0].future.result(10)
+    computed = [t for batch in engine.batches for t in batch]
+    assert "gone [MASK]" not in computed and "late [MASK]" not in computed
+    assert counter("pipeline_server_cancelled_total", reason="client_disconnect") == (
+        cancelled_before + 1
+    )
+    assert counter("pipeline_server_expired_total", stage="queued") == expired_before + 1
+    assert b.queue.depth == 0
+
+
+def test_a_failing_input_fails_alone_and_the_thread_lives_on(
+    batcher: tuple[Batcher, RecordingEngine],
+) -> None:
+    b, engine = batcher
+    engine.poison = "bad [MASK]"
+    blocker = hold_the_thread(b, engine)
+    group = items(["good [MASK]", "bad [MASK]", "fine [MASK]"])
+    b.queue.offer(group, b.estimate)
+    engine.hold.set()
+    blocker.future.result(10)
+    assert isinstance(group[0].future.result(10), list)
+    assert isinstance(group[2].future.result(10), list)
+    with pytest.raises(InferenceFailed) as info:
+        group[1].future.result(10)
+    assert "exploded" not in info.value.message  # the model's text stays in the log
+    after = items(["after [MASK]"])
+    b.queue.offer(after, b.estimate)
+    assert isinstance(after[0].future.result(10), list)
+    assert b.live() == (True, "ready")
+
+
+def test_queue_bound_counts_inputs_and_sheds_all_or_none(
+    batcher: tuple[Batcher, RecordingEngine],
+) -> None:
+    b, engine = batcher
+    blocker = hold_the_thread(b, engine)
+    b.queue.offer(items([f"{i} [MASK]" for i in range(60)]), b.estimate)
+    with pytest.raises(Overloaded) as info:
+        b.queue.offer(items([f"x{i} [MASK]" for i in range(5)]), b.estimate)
+    assert "queue full" in info.value.message
+    assert int(info.value.headers["Retry-After"]) >= 1
+    assert b.queue.depth == 60
+    engine.hold.set()
+    blocker.future.result(10)
+
+
+def test_stop_answers_every_waiter(batcher: tuple[Batcher, RecordingEngine]) -> None:
+    b, engine = batcher
+    hold_the_thread(b, engine)
+    queued = items(["q1 [MASK]", "q2 [MASK]"])
+    b.queue.offer(queued, b.estimate)
+    threading.Timer(0.2, engine.hold.set).start()
+    b.stop(10)
+    for item in queued:
+        assert item.future.done()
+        assert item.future.exception() is not None

@@ -1,0 +1,152 @@
+"""Units without a model: settings, body parsing, parameters, the CPU quota, the estimate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.admission import ServiceTimeEstimate
+from service.errors import (
+    BadRequest,
+    InvalidInput,
+    PayloadTooLarge,
+    ServiceError,
+    UnsupportedMediaType,
+)
+from service.params import params_key, validate_parameters
+from service.schemas import parse_body
+from service.settings import Settings, SettingsError, load_settings
+from service.threads import cpu_quota, default_torch_threads
+
+
+# -- settings ------------------------------------------------------------------------------
+def test_settings_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in Settings.model_fields:
+        monkeypatch.delenv(name.upper(), raising=False)
+    s = load_settings()
+    assert (s.max_batch_size, s.max_batch_wait_ms, s.max_queue_size) == (32, 0, 256)
+    assert (s.max_client_batch_size, s.max_body_bytes, s.request_timeout_s) == (64, 1 << 20, 30)
+    assert (s.liveness_stall_s, s.drain_timeout_s, s.host, s.port) == (120, 25, "127.0.0.1", 8000)
+    assert s.truncate is False and s.trust_remote_code is False and s.api_key is None
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"MAX_BATCH_SIZE": "0"}, "invalid setting MAX_BATCH_SIZE: Input should be greater"),
+        ({"DEVICE": "tpu"}, "invalid setting DEVICE: Input should be 'cpu', 'cuda' or 'auto'"),
+        ({"REQUEST_TIMEOUT_S": "soon"}, "invalid setting REQUEST_TIMEOUT_S: Input should be"),
+        ({"MAX_QUEUE_SIZE": "8"}, "invalid setting MAX_QUEUE_SIZE: MAX_QUEUE_SIZE (8) must be >="),
+    ],
+)
+def test_bad_setting_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_empty_variable_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAX_BATCH_TOKENS", "")
+    monkeypatch.setenv("API_KEY", "")
+    s = load_settings()
+    assert s.max_batch_tokens is None and s.api_key is None
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(Exception, match="frozen"):
+        Settings().max_batch_size = 4  # type: ignore[misc]
+
+
+# -- body parsing --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "ctype",
+    [
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "application/octet-stream",
+        "text/plain; charset=UTF-8",
+    ],
+)
+def test_raw_body_is_one_input(ctype: str | None) -> None:
+    job = parse_body(b"Paris is the [MASK] of France.", ctype, 64)
+    assert job.inputs == ["Paris is the [MASK] of France."] and not job.is_list
+
+
+def test_json_list_keeps_order_and_parameters() -> None:
+    job = parse_body(b'{"inputs": ["b", "a"], "parameters": {"top_k": 2}}', "application/json", 2)
+    assert job.inputs == ["b", "a"] and job.is_list and job.parameters == {"top_k": 2}
+
+
+@pytest.mark.parametrize(
+    "body, ctype, error, words",
+    [
+        (b"x", "image/png", UnsupportedMediaType, "image/png"),
+        (b"x", "text/plain; charset=latin-1", UnsupportedMediaType, "latin-1"),
+        (b'{"inputs": "x"}', "text/json", UnsupportedMediaType, "text/json"),
+        (b"\xff", None, BadRequest, "not valid UTF-8"),
+        (b'{"inputs": ["a", "b", "c"]}', "application/json", PayloadTooLarge, "at most 2"),
+        (b'{"inputs": "x", "options": {}}', "application/json", InvalidInput, "options"),
+        (b'{"inputs": ["a", "  "]}', "application/json", InvalidInput, "inputs[1] is empty"),
+    ],
+)
+def test_bad_bodies(body: bytes, ctype: str, error: type[ServiceError], words: str) -> None:
+    with pytest.raises(error) as info:
+        parse_body(body, ctype, 2)
+    assert words in info.value.message
+
+
+# -- parameters ----------------------------------------------------------------------------
+def test_parameters_allow_list_per_task() -> None:
+    assert validate_parameters("fill-mask", {"top_k": 3, "targets": ["a"]}) == {
+        "top_k": 3,
+        "targets": ["a"],
+    }
+    assert validate_parameters("fill-mask", None) == {}
+    with pytest.raises(InvalidInput, match=r"batch_size.*accepted: truncation"):
+        validate_parameters("feature-extraction", {"batch_size": 8})
+    with pytest.raises(InvalidInput, match=r"parameters\.aggregation_strategy"):
+        validate_parameters("token-classification", {"aggregation_strategy": "mean"})
+    with pytest.raises(InvalidInput, match=r"parameters\.function_to_apply"):
+        validate_parameters("text-classification", {"function_to_apply": "relu"})
+
+
+def test_params_key_groups_equal_parameter_sets() -> None:
+    a = params_key({"top_k": 3, "targets": ["x", "y"]})
+    assert a == params_key({"targets": ["x", "y"], "top_k": 3})
+    assert a != params_key({"top_k": 3})
+    hash(a)
+
+
+# -- CPU quota -----------------------------------------------------------------------------
+def test_cpu_quota_v2(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cpu_quota(tmp_path) == 1.5
+    assert default_torch_threads(tmp_path) == min(2, len(__import__("os").sched_getaffinity(0)))
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(tmp_path) is None
+
+
+def test_cpu_quota_v1(tmp_path: Path) -> None:
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(tmp_path) == 1.0
+    assert default_torch_threads(tmp_path) == 1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_quota(tmp_path) is None
+
+
+# -- the service-time estimate -------------------------------------------------------------
+def test_estimate_follows_batches_and_predicts_wait() -> None:
+    est = ServiceTimeEstimate(per_input_s=0.1)
+    for _ in range(50):
+        est.observe(0.4, 8)  # 50 ms per input
+    assert est.per_input_s == pytest.approx(0.05, rel=1e-3)
+    assert est.predicted_wait(10) == pytest.approx(0.5, rel=1e-3)
