@@ -136,6 +136,8 @@ class Runtime:
                 waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if results in done:
+                if results.exception() is not None:  # one input failed: the request is over,
+                    self._abandon(items, "request_failed")  # so its other inputs cost nothing
                 return results.result()
             reason, error = self._why_stopped(gone in done, drain_over in done)
             self._abandon(items, reason)
@@ -144,6 +146,9 @@ class Runtime:
             gone.cancel()
             drain_over.cancel()
             results.cancel()
+            # Inputs cancelled above end the gather with CancelledError as its exception, after
+            # this returns: retrieve it, or asyncio logs an error line per abandoned request.
+            results.add_done_callback(_retrieve)
 
     @staticmethod
     def _abandon(items: list[Item], reason: str) -> None:
@@ -159,6 +164,11 @@ class Runtime:
         if drain_over:
             return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
         return "deadline", DeadlineExceeded("the request deadline passed before its answer")
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _disconnected(request: Request) -> None:
