@@ -118,23 +118,35 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-async def raw_request(port_url: str, head: str, body: bytes = b"") -> tuple[Any, Any]:
-    """Open a connection, send `head` (request line and headers, no final blank line) and
-    `body`; return the (reader, writer) pair without waiting for the answer."""
-    host, port = port_url.removeprefix("http://").split(":")
+async def raw_request(url: str, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a connection to `url`, send `data` (a whole HTTP request), and return the
+    (reader, writer) pair without waiting for the answer."""
+    host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(head.encode() + b"\r\n\r\n" + body)
+    writer.write(data)
     await writer.drain()
     return reader, writer
 
 
-def http_post(text: str, **headers: str) -> str:
-    """A `POST /` request head with a text/plain body of `text` (Content-Length set)."""
+def http_post(body: str | bytes, content_type: str = "text/plain", **headers: str) -> bytes:
+    """A whole `POST /` request with `body` (Content-Length set) and extra `headers`."""
+    data = body.encode() if isinstance(body, str) else body
     lines = [
         "POST / HTTP/1.1",
         "Host: 127.0.0.1",
-        "Content-Type: text/plain",
-        f"Content-Length: {len(text.encode())}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(data)}",
         *(f"{k}: {v}" for k, v in headers.items()),
     ]
-    return "\r\n".join(lines)
+    return "\r\n".join(lines).encode() + b"\r\n\r\n" + data
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 answer with a Content-Length: status, lower-cased headers, body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    pairs = (line.split(": ", 1) for line in lines[1:] if ": " in line)
+    headers = {k.lower(): v for k, v in pairs}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
