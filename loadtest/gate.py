@@ -1,0 +1,152 @@
+"""The SLO gate: fail a load-test run whose error rate, p95 latency or shed rate is too high.
+
+Failures are counted by category (``loadtest.outcomes``: shed, expired, rejected, error). Rates
+are fractions of all requests. p95 is Locust's aggregated 95th percentile over every answer (sheds
+included, so watch the shed rate beside it), in milliseconds.
+
+Two ways in: the locustfile applies :func:`evaluate` when Locust quits (``--slo-*`` options), and
+``python -m loadtest.gate PREFIX --max-...`` checks the CSV files a headless run wrote with
+``--csv PREFIX``. Both exit 1 on a violation and print one line per threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from loadtest.outcomes import CATEGORIES, category_of
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What the gate needs from a run: request count, p95 (ms), failures by category."""
+
+    requests: int
+    p95_ms: float
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def rate(self, category: str) -> float:
+        """Failures of ``category`` per request (0.0 for a run without requests)."""
+        return self.failures.get(category, 0) / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Upper bounds; ``None`` leaves that figure unchecked. Rates are fractions, p95 in ms."""
+
+    max_error_rate: float | None = 0.0
+    max_rejected_rate: float | None = 0.0
+    max_shed_rate: float | None = None
+    max_expired_rate: float | None = None
+    max_p95_ms: float | None = None
+    min_requests: int = 1
+
+
+def evaluate(run: RunSummary, limits: Thresholds) -> list[tuple[bool, str]]:
+    """One ``(ok, line)`` per checked threshold, in a fixed order."""
+    checks: list[tuple[bool, str]] = [
+        (
+            run.requests >= limits.min_requests,
+            f"requests {run.requests} (minimum {limits.min_requests})",
+        ),
+    ]
+    for cat in CATEGORIES:
+        bound = getattr(limits, f"max_{cat}_rate")
+        if bound is not None:
+            rate = run.rate(cat)
+            checks.append(
+                (
+                    rate <= bound,
+                    f"{cat} rate {rate:.4f} (maximum {bound:.4f}, "
+                    f"{run.failures.get(cat, 0)} of {run.requests})",
+                )
+            )
+    if limits.max_p95_ms is not None:
+        checks.append(
+            (
+                run.p95_ms <= limits.max_p95_ms,
+                f"p95 {run.p95_ms:.1f} ms (maximum {limits.max_p95_ms:g} ms)",
+            )
+        )
+    return checks
+
+
+def report(checks: Iterable[tuple[bool, str]], out: TextIO | None = None) -> bool:
+    """Print ``PASS``/``FAIL`` lines and an overall verdict; True when every check passed."""
+    out = out or sys.stdout
+    ok = True
+    for passed, line in checks:
+        ok &= passed
+        print(f"SLO {'PASS' if passed else 'FAIL'}: {line}", file=out)
+    print(f"SLO gate: {'passed' if ok else 'FAILED'}", file=out)
+    return ok
+
+
+def read_csv(prefix: str | Path) -> RunSummary:
+    """Summarise ``PREFIX_stats.csv`` and ``PREFIX_failures.csv`` written by ``locust --csv``."""
+    prefix = str(prefix)
+    with open(f"{prefix}_stats.csv", newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["Name"] == "Aggregated"]
+    if not rows:
+        raise ValueError(f"{prefix}_stats.csv has no Aggregated row")
+    failures = dict.fromkeys(CATEGORIES, 0)
+    with open(f"{prefix}_failures.csv", newline="", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            failures[category_of(row["Error"])] += int(row["Occurrences"])
+    p95 = rows[0]["95%"]
+    return RunSummary(
+        int(rows[0]["Request Count"]), float(p95) if p95 not in ("", "N/A") else 0.0, failures
+    )
+
+
+def add_threshold_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """Add the ``--{prefix}max-*`` options; the locustfile uses ``prefix='slo-'``."""
+    defaults = Thresholds()
+    for cat in CATEGORIES:
+        parser.add_argument(
+            f"--{prefix}max-{cat}-rate",
+            type=float,
+            default=getattr(defaults, f"max_{cat}_rate"),
+            help=f"fail when the {cat} rate (fraction of requests) is above this",
+        )
+    parser.add_argument(
+        f"--{prefix}max-p95-ms",
+        type=float,
+        default=None,
+        help="fail when the aggregated p95 latency (ms) is above this",
+    )
+    parser.add_argument(
+        f"--{prefix}min-requests", type=int, default=1, help="fail when fewer requests were made"
+    )
+
+
+def thresholds_from(options: object, prefix: str = "") -> Thresholds:
+    """The :class:`Thresholds` held by parsed options named as in :func:`add_threshold_options`."""
+    key = prefix.replace("-", "_")
+    fields = (
+        "max_error_rate",
+        "max_rejected_rate",
+        "max_shed_rate",
+        "max_expired_rate",
+        "max_p95_ms",
+        "min_requests",
+    )
+    return Thresholds(**{name: getattr(options, key + name) for name in fields})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m loadtest.gate PREFIX [--max-... N]``; returns the exit code."""
+    parser = argparse.ArgumentParser(description="Check a Locust CSV run against SLO thresholds.")
+    parser.add_argument("prefix", help="the --csv prefix of the run, e.g. loadtest/results/steady")
+    add_threshold_options(parser)
+    args = parser.parse_args(argv)
+    return 0 if report(evaluate(read_csv(args.prefix), thresholds_from(args))) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

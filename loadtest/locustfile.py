@@ -1,0 +1,202 @@
+"""Locust traffic for pipeline-server: realistic requests, named failure categories, load shapes.
+
+Run (the host comes from ``--host`` as usual)::
+
+    locust -f loadtest/locustfile.py --host http://127.0.0.1:8000 --headless \\
+        --shape step -u 64 -r 16 -t 60s \\
+        --csv loadtest/results/step --html loadtest/results/step.html \\
+        --slo-max-p95-ms 2000 --slo-max-shed-rate 0.05
+
+Traffic (weights in brackets): raw text, short [4] and long [1]; JSON with one input [3];
+JSON lists of 2-8 inputs [2]; the seed guide's curl payload sent as ``curl -d`` does [1]. Inputs
+come from ``loadtest/corpus.txt`` (public-domain texts, sources in its header).
+
+Users: ``InferenceUser`` [3] ignores Retry-After; ``PoliteUser`` [1] waits as long as a 503's
+Retry-After says before its next request. Pick one with its class name on the command line.
+
+Every non-200 answer is a failure named by category (see ``loadtest/gate.py``): 503 "shed",
+504 "expired", 4xx "rejected", other 5xx and connection errors "error". Shapes: ``--shape``
+steady | step | burst, driven by ``-u``, ``-r`` and ``-t``. When Locust quits, the SLO gate
+sets the exit code from the ``--slo-*`` thresholds (by default: any error or rejection fails).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from locust import FastHttpUser, LoadTestShape, events, task
+
+try:
+    from loadtest import corpus, gate, outcomes, shapes
+except ImportError:  # Locust puts only this file's folder on sys.path, not the repository root.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from loadtest import corpus, gate, outcomes, shapes
+
+_SHORT = (corpus.LengthClass("short", 1.0, 4, 25),)
+_LONG = (corpus.LengthClass("long", 1.0, 150, corpus.MAX_WORDS),)
+_TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+_JSON = {"Content-Type": "application/json"}
+_FORM = {"Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
+
+
+def _add_options(parser: Any, **_: Any) -> None:
+    group = parser.add_argument_group("pipeline-server")
+    group.add_argument(
+        "--shape",
+        choices=shapes.SHAPES,
+        default="steady",
+        help="load shape over -t: steady at -u users; -u in --steps equal steps; "
+        "bursts to -u from a quarter of it",
+    )
+    group.add_argument("--steps", type=int, default=4, help="steps of the step shape")
+    group.add_argument(
+        "--burst-every-s",
+        type=float,
+        default=20.0,
+        help="burst shape: a burst starts this often (seconds)",
+    )
+    group.add_argument(
+        "--burst-length-s",
+        type=float,
+        default=5.0,
+        help="burst shape: how long a burst lasts (seconds)",
+    )
+    group.add_argument(
+        "--think-max-ms",
+        type=float,
+        default=100.0,
+        help="each user waits uniformly 0..this between requests (ms)",
+    )
+    group.add_argument(
+        "--deadline-s",
+        type=float,
+        default=0.0,
+        help="send X-Request-Timeout with this deadline (0: server default)",
+    )
+    group.add_argument(
+        "--max-retry-after-s",
+        type=float,
+        default=30.0,
+        help="PoliteUser waits at most this long for one Retry-After (seconds)",
+    )
+    gate.add_threshold_options(group, prefix="slo-")
+
+
+def _slo_gate(environment: Any, **_: Any) -> None:
+    stats = environment.stats
+    failures = dict.fromkeys(outcomes.CATEGORIES, 0)
+    for entry in stats.errors.values():
+        failures[outcomes.category_of(str(entry.error))] += entry.occurrences
+    run = gate.RunSummary(
+        stats.total.num_requests,
+        float(stats.total.get_response_time_percentile(0.95) or 0),
+        failures,
+    )
+    limits = gate.thresholds_from(environment.parsed_options, prefix="slo-")
+    environment.process_exit_code = 0 if gate.report(gate.evaluate(run, limits)) else 1
+
+
+events.init_command_line_parser.add_listener(_add_options)  # type: ignore[no-untyped-call]
+events.quitting.add_listener(_slo_gate)  # type: ignore[no-untyped-call]
+
+
+class InferenceUser(FastHttpUser):
+    """A client sending the mixed traffic; it does not honour Retry-After."""
+
+    weight = 3
+
+    def on_start(self) -> None:
+        """Seed this user's own input stream and read the run's options once."""
+        self.rng = random.Random()
+        options = self.environment.parsed_options
+        self.think_s = (options.think_max_ms if options else 100.0) / 1000
+        deadline = options.deadline_s if options else 0.0
+        self.extra = {"X-Request-Timeout": f"{deadline:g}"} if deadline > 0 else {}
+        self.not_before = 0.0
+
+    def wait_time(self) -> float:
+        """Think time in seconds, stretched to honour a pending Retry-After."""
+        return max(self.rng.uniform(0, self.think_s), self.not_before - time.monotonic())
+
+    def post(self, name: str, body: str, headers: dict[str, str]) -> None:
+        """POST / and classify the answer (``loadtest.outcomes.failure_name``)."""
+        with self.client.post(
+            "/",
+            data=body,
+            headers={**headers, **self.extra},
+            name=name,
+            catch_response=True,
+        ) as resp:
+            problem = outcomes.failure_name(resp.status_code or 0, resp.content or b"")
+            if problem is None:
+                resp.success()
+            else:
+                resp.failure(problem)
+                if resp.status_code == 503:
+                    self.on_shed(resp.headers.get("Retry-After"))
+
+    def on_shed(self, retry_after: str | None) -> None:
+        """What to do after a 503: nothing, for this impatient user."""
+
+    @task(4)
+    def raw_short(self) -> None:
+        self.post("POST / raw short", corpus.draw(self.rng, _SHORT), _TEXT)
+
+    @task(1)
+    def raw_long(self) -> None:
+        self.post("POST / raw long", corpus.draw(self.rng, _LONG), _TEXT)
+
+    @task(3)
+    def json_single(self) -> None:
+        self.post("POST / json", json.dumps({"inputs": corpus.draw(self.rng)}), _JSON)
+
+    @task(2)
+    def json_list(self) -> None:
+        inputs = [corpus.draw(self.rng) for _ in range(self.rng.randint(2, 8))]
+        self.post("POST / json list", json.dumps({"inputs": inputs}), _JSON)
+
+    @task(1)
+    def seed_curl(self) -> None:
+        self.post("POST / seed curl", corpus.SEED_PAYLOAD, _FORM)
+
+
+class PoliteUser(InferenceUser):
+    """The same traffic, but after a 503 it waits as long as Retry-After says (capped)."""
+
+    weight = 1
+
+    def on_shed(self, retry_after: str | None) -> None:
+        """Hold the next request back by Retry-After seconds (1 s when missing or unreadable)."""
+        options = self.environment.parsed_options
+        cap = options.max_retry_after_s if options else 30.0
+        self.not_before = time.monotonic() + outcomes.retry_delay(retry_after, cap)
+
+
+class Shape(LoadTestShape):
+    """steady, step or burst over ``-t`` seconds with ``-u`` users at most (``--shape``)."""
+
+    use_common_options = True
+
+    def tick(self) -> tuple[int, float] | None:
+        """Users and spawn rate for now (``loadtest.shapes``); None stops the run."""
+        assert self.runner is not None
+        opts: Any = self.runner.environment.parsed_options
+        users, rate = int(opts.num_users or 1), float(opts.spawn_rate or 1)
+        now = shapes.users_at(
+            opts.shape,
+            time.perf_counter() - self.start_time,
+            float(opts.run_time or 60),
+            users,
+            opts.steps,
+            opts.burst_every_s,
+            opts.burst_length_s,
+        )
+        if now is None:
+            return None
+        # Bursts must arrive at once, whatever -r says; the other shapes ramp at -r.
+        return now, max(rate, float(users)) if opts.shape == "burst" else rate
