@@ -1,0 +1,109 @@
+"""A bounded Locust smoke run against the real server, and the SLO gate failing and passing.
+
+The server runs from the ``pipeline-server`` console script on a free loopback port with the
+embedded model and a queue of 8 inputs, so that 32 greedy users (JSON lists of up to 8 inputs)
+are shed: the run shows 503s counted as "shed", never as errors. Locust runs 6 seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from loadtest import gate, servers
+
+pytestmark = pytest.mark.loadtest
+
+LOCUSTFILE = servers.REPO_ROOT / "loadtest" / "locustfile.py"
+
+
+@dataclass(frozen=True)
+class LocustRun:
+    prefix: Path
+    returncode: int
+    output: str
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    env = {
+        **os.environ,
+        "MAX_QUEUE_SIZE": "8",
+        "MAX_CLIENT_BATCH_SIZE": "8",
+        "LOG_LEVEL": "warning",
+    }
+    port = servers.free_port()
+    with servers.running(servers.pipeline_server_command(), port, env, ready_timeout_s=120) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def locust_run(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> LocustRun:
+    """One 6-second headless run whose in-Locust gate asks for an impossible p95."""
+    prefix = tmp_path_factory.mktemp("locust") / "smoke"
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--host",
+        base_url,
+        "--headless",
+        "-u",
+        "32",
+        "-r",
+        "32",
+        "-t",
+        "6s",
+        "--think-max-ms",
+        "0",
+        "--csv",
+        str(prefix),
+        "--html",
+        f"{prefix}.html",
+        "--only-summary",
+        "--slo-max-p95-ms",
+        "0.001",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=servers.REPO_ROOT)
+    return LocustRun(prefix, done.returncode, done.stdout + done.stderr)
+
+
+def test_locust_writes_reports_and_counts_sheds_by_name(locust_run: LocustRun) -> None:
+    with open(f"{locust_run.prefix}_stats.csv", newline="") as fh:
+        rows = {row["Name"]: row for row in csv.DictReader(fh)}
+    assert int(rows["Aggregated"]["Request Count"]) > 0, locust_run.output
+    assert {"POST / raw short", "POST / json", "POST / json list"} <= rows.keys()
+    summary = gate.read_csv(locust_run.prefix)
+    assert summary.failures["shed"] > 0, locust_run.output
+    assert summary.failures["error"] == summary.failures["rejected"] == 0, locust_run.output
+    assert Path(f"{locust_run.prefix}.html").stat().st_size > 0
+
+
+def test_locust_exit_code_follows_the_gate(locust_run: LocustRun) -> None:
+    assert locust_run.returncode == 1, locust_run.output
+    assert "SLO FAIL: p95" in locust_run.output
+    assert "SLO PASS: error rate 0.0000" in locust_run.output
+
+
+def test_gate_cli_fails_on_impossible_and_passes_on_lenient(locust_run: LocustRun) -> None:
+    def gate_cli(*limits: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "loadtest.gate", str(locust_run.prefix), *limits]
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=30, cwd=servers.REPO_ROOT
+        )
+
+    impossible = gate_cli("--max-p95-ms", "0.001", "--max-shed-rate", "0")
+    assert impossible.returncode == 1
+    assert "SLO FAIL: shed rate" in impossible.stdout and "SLO FAIL: p95" in impossible.stdout
+    lenient = gate_cli("--max-p95-ms", "600000", "--max-shed-rate", "1", "--max-expired-rate", "1")
+    assert lenient.returncode == 0, lenient.stdout
+    assert lenient.stdout.rstrip().endswith("SLO gate: passed")

@@ -1,0 +1,184 @@
+"""The load-test helpers without a server: corpus, outcomes, shapes, the gate, the report."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import corpus, gate, outcomes, report, shapes
+from loadtest.stats import percentile
+
+
+def test_corpus_inputs_are_deterministic_and_mixed_in_length() -> None:
+    first, again = corpus.mixed_inputs(300, seed=3), corpus.mixed_inputs(300, seed=3)
+    assert first == again
+    words = sorted(len(text.split()) for text in first)
+    assert words[0] <= 10 and words[-1] >= 150 and words[-1] <= corpus.MAX_WORDS
+    assert words[len(words) // 2] < 60  # mostly short, as traffic is
+
+
+def test_short_draws_are_short() -> None:
+    rng = random.Random(0)
+    short = (corpus.LengthClass("short", 1.0, 4, 25),)
+    assert all(len(corpus.draw(rng, short).split()) <= 25 for _ in range(200))
+
+
+def test_every_input_fits_the_embedded_model(embedded_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(embedded_model))
+    longest = max(len(ids) for ids in tok(corpus.mixed_inputs(512))["input_ids"])
+    assert longest <= 450  # the model takes 512; keep a margin for other tokenizers
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, b"[[0.1]]", None),
+        (200, b"oops", "error (200 without a JSON list)"),
+        (503, b"{}", "shed (503)"),
+        (504, b"{}", "expired (504)"),
+        (413, b"{}", "rejected (413)"),
+        (500, b"{}", "error (500)"),
+        (0, b"", "error (connection)"),
+    ],
+)
+def test_failure_names(status: int, body: bytes, expected: str | None) -> None:
+    assert outcomes.failure_name(status, body) == expected
+    if expected:
+        assert outcomes.category_of(f"CatchResponseError({expected!r})") == expected.split()[0]
+
+
+def test_unknown_errors_count_as_errors() -> None:
+    assert outcomes.category_of("ConnectionRefusedError(111, 'refused')") == "error"
+
+
+@pytest.mark.parametrize(
+    ("header", "delay"), [("2", 2.0), ("0.5", 0.5), (None, 1.0), ("soon", 1.0), ("99", 30.0)]
+)
+def test_retry_after_is_honoured_within_a_cap(header: str | None, delay: float) -> None:
+    assert outcomes.retry_delay(header, cap_s=30.0) == delay
+
+
+def test_shapes() -> None:
+    assert [shapes.users_at("step", t, 40, 64) for t in (0, 9.9, 10, 25, 39)] == [
+        16,
+        16,
+        32,
+        48,
+        64,
+    ]
+    assert shapes.users_at("steady", 5, 10, 8) == 8
+    burst = [
+        shapes.users_at("burst", t, 60, 40, burst_every_s=20, burst_length_s=5) for t in (1, 16)
+    ]
+    assert burst == [10, 40]
+    assert shapes.users_at("step", 40, 40, 64) is None
+    with pytest.raises(ValueError, match="unknown shape"):
+        shapes.users_at("ramp", 0, 10, 1)
+
+
+def test_gate_fails_each_crossed_threshold() -> None:
+    run = gate.RunSummary(100, 250.0, {"shed": 10, "error": 1})
+    limits = gate.Thresholds(max_error_rate=0.0, max_shed_rate=0.05, max_p95_ms=200)
+    failed = [line for ok, line in gate.evaluate(run, limits) if not ok]
+    assert [line.split()[0] for line in failed] == ["shed", "error", "p95"]
+    lenient = gate.Thresholds(max_error_rate=0.02, max_shed_rate=0.2, max_p95_ms=300)
+    assert all(ok for ok, _ in gate.evaluate(run, lenient))
+
+
+def test_gate_cli_reads_locust_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = tmp_path / "run"
+    (tmp_path / "run_stats.csv").write_text(
+        "Type,Name,Request Count,Failure Count,95%\n"
+        "POST,POST / json,40,4,180\n,Aggregated,40,4,180\n"
+    )
+    (tmp_path / "run_failures.csv").write_text(
+        "Method,Name,Error,Occurrences\nPOST,POST / json,\"CatchResponseError('shed (503)')\",4\n"
+    )
+    assert gate.read_csv(prefix) == gate.RunSummary(
+        40, 180.0, {"shed": 4, "expired": 0, "rejected": 0, "error": 0}
+    )
+    assert gate.main([str(prefix), "--max-shed-rate", "0.2", "--max-p95-ms", "200"]) == 0
+    assert gate.main([str(prefix), "--max-shed-rate", "0.05"]) == 1
+    assert "SLO FAIL: shed rate 0.1000" in capsys.readouterr().out
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert math.isnan(percentile([], 99))
+
+
+def _closed(scale: float) -> dict[int, dict[str, Any]]:
+    return {
+        n: {
+            "inputs_per_s": scale * n / (n + 1),
+            "p50_ms": 10.0 * n,
+            "p95_ms": 20.0 * n,
+            "p99_ms": 30.0 * n,
+            "requests": 100,
+            "statuses": {200: 100},
+        }
+        for n in (1, 4, 16)
+    }
+
+
+def _result() -> dict[str, Any]:
+    run = {
+        "goodput_per_s": 90.0,
+        "shed_rate": 0.5,
+        "p99_ms": 800.0,
+        "shed_p50_ms": 3.0,
+        "shed_p99_ms": 9.0,
+        "requests": 400,
+        "statuses": {200: 200, 503: 200},
+        "dropped": 0,
+    }
+    probe = {"p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0}
+    return {
+        "limit": {
+            "inputs": 64,
+            "tokens": {"mean": 90.0, "max": 300},
+            "torch_threads": 2,
+            "model": "/x/model",
+            "pipeline_batches": {1: 100.0, 8: 120.0},
+            "model_sorted_batches": {1: 110.0, 8: 180.0},
+            "limit_a": 120.0,
+            "limit_a_batch_size": 8,
+            "limit_b": 180.0,
+            "limit_b_batch_size": 8,
+            "single_call_ms": {"p50": 8.0, "p99": 30.0},
+        },
+        "server": {
+            "closed": _closed(110.0),
+            "floor": _closed(5000.0),
+            "probe_idle": probe,
+            "probe_saturated": probe,
+            "overload": {
+                "capacity_per_s": 100.0,
+                "deadline_s": 2.0,
+                "floor": probe,
+                "runs": {1.0: run, 4.0: run},
+            },
+        },
+        "baseline": {"closed": _closed(60.0)},
+        "machine": {"cpus": 2},
+    }
+
+
+def test_report_ratios_table_and_plot(tmp_path: Path) -> None:
+    from loadtest.plot import plot
+
+    result = _result()
+    result["ratios"] = ratios = report.ratios(result)
+    assert ratios["server_peak_over_limit_a"] == pytest.approx(110 * 16 / 17 / 120)
+    assert ratios["server_peak_over_baseline_peak"] == pytest.approx(110 / 60)
+    assert ratios["overload_top_goodput_over_capacity"] == pytest.approx(0.9)
+    text = report.table(result)
+    assert "| pipeline-server | 16 |" in text and "| 4x | 90.0 | 50.0% |" in text
+    plot(result, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
