@@ -34,8 +34,9 @@ from service.errors import (
     Overloaded,
     ServiceError,
 )
-from service.model import Engine, ModelInfo, Prepared, load_engine, warm_up
+from service.model import Engine, ModelInfo, Prepared, calibrate, load_engine, warm_up
 from service.params import Hashable
+from service.selection import MAX_PASSES, best_run
 from service.settings import Settings
 
 log = structlog.get_logger("service.batcher")
@@ -62,6 +63,7 @@ class Item:
     future: Future[Any] = field(default_factory=Future)
     cancel_reason: str = "client_disconnect"  # set by the loop before it cancels the future
     prepared: Prepared | None = None
+    passed_over: int = 0  # batches formed from its parameter group without it
 
 
 class WorkQueue:
@@ -145,6 +147,8 @@ class Batcher:
         self._engine_factory = engine_factory
         self._stop = threading.Event()
         self._pool: list[Item] = []  # prepared, waiting for a batch; thread-only
+        self.overhead_tokens = 64.0  # per-batch overhead in padded tokens; calibrated at load
+        self._last_batch_s = 0.0
         self._thread = threading.Thread(target=self._main, name="inference", daemon=True)
 
     # -- control (event loop) ----------------------------------------------------------
@@ -197,6 +201,7 @@ class Batcher:
         engine = self._engine_factory(self.settings)
         warm_s = warm_up(engine)
         self.estimate.per_input_s = warm_s / 2
+        self.overhead_tokens = calibrate(engine)
         loaded_s = time.monotonic() - started
         self.info = engine.info
         metrics.MODEL_LOAD_SECONDS.set(loaded_s)
@@ -247,22 +252,24 @@ class Batcher:
             self.queue.release(gone)
 
     def _select(self) -> list[Item]:
-        """FIFO: the oldest item, then later items with the same parameters, within the
-        batch-size and padded-token bounds."""
-        size, max_tokens = self.settings.max_batch_size, self.settings.max_batch_tokens
-        head = self._pool[0]
-        batch, longest = [head], _tokens(head)
-        for item in self._pool[1:]:
-            if len(batch) >= size:
-                break
-            if item.key != head.key:
-                continue
-            longest_if = max(longest, _tokens(item))
-            if max_tokens is not None and longest_if * (len(batch) + 1) > max_tokens:
-                continue
-            batch.append(item)
-            longest = longest_if
-        return batch
+        """The next batch from the pool: padding-aware (see `service.selection`), one parameter
+        set, and including any input that has waited too long or whose deadline is near."""
+        now = time.monotonic()
+        urgent_s = 4 * self._last_batch_s
+        forced = [
+            i for i in self._pool if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s
+        ]
+        must = min(forced, key=lambda i: (i.deadline, i.enqueued_at)) if forced else None
+        anchor = must or self._pool[0]
+        group = sorted((i for i in self._pool if i.key == anchor.key), key=_tokens)
+        start, stop = best_run(
+            [_tokens(i) for i in group],
+            must=group.index(must) if must is not None else None,
+            max_size=self.settings.max_batch_size,
+            max_tokens=self.settings.max_batch_tokens,
+            overhead_tokens=self.overhead_tokens,
+        )
+        return sorted(group[start:stop], key=lambda i: i.enqueued_at)
 
     def _fill(self, engine: Engine, batch: list[Item]) -> list[Item]:
         """Wait up to MAX_BATCH_WAIT_MS, once from the first item's dequeue, for more items."""
@@ -280,6 +287,9 @@ class Batcher:
     def _run(self, engine: Engine, batch: list[Item]) -> None:
         chosen = set(map(id, batch))
         self._pool = [i for i in self._pool if id(i) not in chosen]
+        for item in self._pool:
+            if item.key == batch[0].key:
+                item.passed_over += 1
         self.queue.release(len(batch))
         live = [
             i for i in batch if not self._dropped(i) and i.future.set_running_or_notify_cancel()
@@ -296,6 +306,7 @@ class Batcher:
         finally:
             self.batch_started_at = None
         took = time.monotonic() - now
+        self._last_batch_s = took
         self.estimate.observe(took, len(live))
         for item, answer in zip(live, answers, strict=True):
             if isinstance(answer, BaseException):

@@ -303,6 +303,29 @@ def _max_input_tokens(pipe: Pipeline) -> int:
     return int(positions or 512)
 
 
+def calibrate(engine: Engine) -> float:
+    """The per-batch overhead in padded-token equivalents (c0 / c1 of `c0 + c1 x padded`),
+    from timing a 1-input batch against a 4 x 64-token batch (best of 3 each), clamped to
+    [8, 4096]. The batch selector trades padding against this overhead."""
+    word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
+    small = [engine.prepare("Hi " + word, (), {})]
+    large = [engine.prepare(word * 62, (), {}) for _ in range(4)]
+
+    def best_of_3(batch: list[Prepared]) -> tuple[float, int]:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            engine.run(batch)
+            times.append(time.perf_counter() - started)
+        return min(times), len(batch) * max(p.n_tokens for p in batch)
+
+    t_small, p_small = best_of_3(small)
+    t_large, p_large = best_of_3(large)
+    per_token = max(t_large - t_small, 1e-9) / max(p_large - p_small, 1)
+    overhead = max(t_small - per_token * p_small, 0.0) / per_token
+    return min(max(overhead, 8.0), 4096.0)
+
+
 def warm_up(engine: Engine) -> float:
     """Run one batch of two inputs through the same path as traffic; return its seconds."""
     suffix = f" {engine.info.mask_token}" if engine.info.mask_token else ""
