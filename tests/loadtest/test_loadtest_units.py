@@ -121,6 +121,7 @@ def _closed(scale: float) -> dict[int, dict[str, Any]]:
             "p95_ms": 20.0 * n,
             "p99_ms": 30.0 * n,
             "requests": 100,
+            "requests_per_s": scale,
             "statuses": {200: 100},
         }
         for n in (1, 4, 16)

@@ -1,0 +1,244 @@
+"""Benchmark: pipeline-server beside its limit, the seed baseline and the load client's floor.
+
+One command: ``python -m loadtest.bench`` (about 5 minutes; ``--quick`` about 1.5). In one run and
+on the same mixed-length inputs (``loadtest.corpus``) it measures:
+
+1. the limit, in a subprocess before any server starts (``loadtest.limit``);
+2. the real server (``pipeline-server`` console script, 127.0.0.1, a free port): the client floor
+   (/livez at the same concurrency), closed-loop clients at each level, /livez probes on the
+   idle and on the saturated server, then open-loop overload at multiples of the measured
+   capacity with a deadline (goodput, shed rate and latency, p99 of accepted requests);
+3. the seed guide's one-at-a-time server (``loadtest.seed_server`` under uvicorn), closed loop.
+
+It prints a table and the ratios, and writes JSON and a PNG plot. Client and server share the
+machine's cores, so every server figure includes the client's CPU cost; the floor shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtest import client, report, servers
+from loadtest.corpus import mixed_inputs
+from loadtest.stats import latency_summary
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Options; ``--quick`` changes the defaults of those not given."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer inputs, levels and seconds")
+    p.add_argument("--inputs", type=int, help="mixed inputs (default 512, quick 128)")
+    p.add_argument("--levels", help="closed-loop clients (default 1,4,16,32,64; quick 1,16,64)")
+    p.add_argument("--seconds", type=float, help="seconds per point (default 8, quick 3)")
+    p.add_argument("--overload", default="1,2,4", help="offered load, multiples of capacity")
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=2.0,
+        help="overload deadline sent as X-Request-Timeout (s)",
+    )
+    p.add_argument("--batch-sizes", help="limit batch sizes (default 1..64; quick 1,8,32,64)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for pipeline-server (repeatable)",
+    )
+    p.add_argument(
+        "--server-cmd",
+        help="benchmark this command instead of pipeline-server "
+        "({port} is replaced; it must serve /readyz)",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the seed server")
+    p.add_argument("--out", type=Path, default=RESULTS / "bench.json")
+    p.add_argument("--plot", type=Path, default=RESULTS / "bench.png")
+    args = p.parse_args(argv)
+    args.inputs = args.inputs or (128 if args.quick else 512)
+    args.levels = [
+        int(x) for x in (args.levels or ("1,16,64" if args.quick else "1,4,16,32,64")).split(",")
+    ]
+    args.seconds = args.seconds or (3.0 if args.quick else 8.0)
+    args.batch_sizes = args.batch_sizes or ("1,8,32,64" if args.quick else "1,2,4,8,16,32,64")
+    args.overload = [float(x) for x in args.overload.split(",")]
+    return args
+
+
+def measure_limit(args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``loadtest.limit`` in a subprocess (nothing else running) and read its JSON."""
+    out = args.out.with_name("bench-limit.json")
+    cmd = [
+        sys.executable,
+        "-m",
+        "loadtest.limit",
+        "--inputs",
+        str(args.inputs),
+        "--batch-sizes",
+        args.batch_sizes,
+        "--single",
+        str(min(args.inputs, 200)),
+        "--out",
+        str(out),
+    ]
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=900, cwd=servers.REPO_ROOT)
+    return dict(json.loads(out.read_text(encoding="utf-8")))
+
+
+def scrape_metrics(base: str) -> dict[str, float]:
+    """Batch size, padding efficiency and queue figures from /metrics (sums, counts, gauges)."""
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:  # a server without /metrics (e.g. --server-cmd): no figures
+        return {}
+    wanted = ("batch_size_sum", "batch_size_count", "padding_efficiency", "queue_depth")
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        wanted_line = any(w in name for w in wanted) and "_bucket" not in name
+        if line.startswith("pipeline_server_") and wanted_line:
+            found[name] = float(value)
+    return found
+
+
+async def closed_levels(
+    base: str, reqs: list[client.Request], levels: list[int], seconds: float
+) -> dict[int, dict[str, Any]]:
+    """Closed-loop summary per concurrency level (1 s warm-up each)."""
+    out: dict[int, dict[str, Any]] = {}
+    for n in levels:
+        out[n] = (await client.closed_loop(base, reqs, n, seconds)).summary()
+        print(
+            f"  {n:>3} clients: {out[n]['inputs_per_s']:8.1f} inputs/s  "
+            f"p50 {out[n]['p50_ms']:7.1f} ms",
+            flush=True,
+        )
+    return out
+
+
+async def probed(
+    base: str, reqs: list[client.Request], clients: int, seconds: float
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """A saturated closed-loop run with /livez probed beside it."""
+    stop = asyncio.Event()
+    probe = asyncio.create_task(client.probe(base, stop))
+    run = await client.closed_loop(base, reqs, clients, seconds)
+    stop.set()
+    return run.summary(), latency_summary(await probe)
+
+
+async def bench_server(args: argparse.Namespace, reqs: list[client.Request]) -> dict[str, Any]:
+    """Every measurement against the real server, in one server process."""
+    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
+    port = servers.free_port()
+    log = args.out.with_name("bench-server.log").open("wb")
+    res: dict[str, Any] = {"env": dict(kv.split("=", 1) for kv in args.env)}
+    cmd = (
+        [part.replace("{port}", str(port)) for part in shlex.split(args.server_cmd)]
+        if args.server_cmd
+        else servers.pipeline_server_command()
+    )
+    with log, servers.running(cmd, port, env, log=log) as base:
+        await client.closed_loop(base, reqs, 4, 2.0, warmup_s=0)
+        print("client floor (/livez):", flush=True)
+        res["floor"] = await closed_levels(base, [client.LIVEZ], args.levels, min(args.seconds, 3))
+        print("pipeline-server:", flush=True)
+        res["closed"] = await closed_levels(base, reqs, args.levels, args.seconds)
+        idle_stop = asyncio.Event()
+        idle = asyncio.create_task(client.probe(base, idle_stop))
+        await asyncio.sleep(2)
+        idle_stop.set()
+        res["probe_idle"] = latency_summary(await idle)
+        res["saturated"], res["probe_saturated"] = await probed(
+            base, reqs, max(args.levels), args.seconds
+        )
+        res["metrics"] = scrape_metrics(base)
+        res["overload"] = await overload(base, args, reqs, res["closed"])
+    return res
+
+
+async def overload(
+    base: str,
+    args: argparse.Namespace,
+    reqs: list[client.Request],
+    closed: dict[int, dict[str, Any]],
+) -> dict[str, Any]:
+    """Open-loop runs at multiples of the closed-loop capacity, plus the client's open floor."""
+    capacity = max(r["requests_per_s"] for r in closed.values())
+    timed = [
+        client.Request(
+            r.method, r.path, r.body, (*r.headers, ("X-Request-Timeout", f"{args.deadline_s:g}"))
+        )
+        for r in reqs
+    ]
+    top = max(args.overload) * capacity
+    floor = (await client.open_loop(base, [client.LIVEZ], top, min(args.seconds, 3))).summary()
+    out: dict[str, Any] = {
+        "capacity_per_s": capacity,
+        "deadline_s": args.deadline_s,
+        "floor": floor,
+        "runs": {},
+    }
+    print(f"overload (capacity {capacity:.1f}/s, deadline {args.deadline_s:g} s):", flush=True)
+    for mult in args.overload:
+        run = await client.open_loop(base, timed, mult * capacity, args.seconds)
+        out["runs"][mult] = run.summary(deadline_s=args.deadline_s)
+        print(
+            f"  {mult:g}x: goodput {out['runs'][mult]['goodput_per_s']:.1f}/s  shed "
+            f"{out['runs'][mult]['shed_rate']:.0%}",
+            flush=True,
+        )
+        await asyncio.sleep(args.deadline_s + 1)  # let the queue drain before the next level
+    return out
+
+
+async def bench_baseline(args: argparse.Namespace, reqs: list[client.Request]) -> dict[str, Any]:
+    """The seed server at the same levels (it loads the model while blocking its own loop)."""
+    port = servers.free_port()
+    with servers.running(servers.seed_server_command(port), port, ready_path="/readyz") as base:
+        await client.closed_loop(base, reqs, 1, 2.0, warmup_s=0)
+        print("seed baseline:", flush=True)
+        return {"closed": await closed_levels(base, reqs, args.levels, args.seconds)}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run everything, print the table and ratios, write JSON and the plot."""
+    args = parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(f"limit: {args.inputs} inputs, batch sizes {args.batch_sizes} ...", flush=True)
+    limit = measure_limit(args)
+    reqs = [client.raw_text(text) for text in mixed_inputs(args.inputs)]
+    result: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "machine": report.machine(),
+        "limit": limit,
+        "server": asyncio.run(bench_server(args, reqs)),
+    }
+    if not args.no_baseline:
+        result["baseline"] = asyncio.run(bench_baseline(args, reqs))
+    result["ratios"] = report.ratios(result)
+    result["wall_s"] = time.monotonic() - started
+    print(report.table(result))
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    from loadtest.plot import plot
+
+    plot(result, args.plot)
+    print(f"wrote {args.out} and {args.plot} in {result['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The benchmark's ratios and its Markdown tables (printed, and pasted into the README as is)."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from importlib import metadata
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures come from: cores, CPU quota, Python and package versions."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="utf-8") as fh:
+            quota = fh.read().strip()
+    except OSError:
+        quota = "unknown"
+    versions = {}
+    for dist in ("torch", "transformers", "tokenizers", "aiohttp", "uvicorn", "gunicorn"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "absent"
+    return {
+        "cpus": os.cpu_count(),
+        "cgroup_cpu_max": quota,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **versions,
+    }
+
+
+def _peak(closed: dict[Any, dict[str, Any]]) -> tuple[Any, float]:
+    level = max(closed, key=lambda n: closed[n]["inputs_per_s"])
+    return level, float(closed[level]["inputs_per_s"])
+
+
+def ratios(result: dict[str, Any]) -> dict[str, float]:
+    """The issue's target figures, each as a ratio or a pair of milliseconds (NaN if missing)."""
+    lim, srv = result["limit"], result["server"]
+    closed = srv["closed"]
+    top = max(closed)
+    _, peak = _peak(closed)
+    single = float(lim["single_call_ms"]["p50"])
+    out = {
+        "server_peak_inputs_per_s": peak,
+        "server_peak_over_limit_a": peak / lim["limit_a"],
+        "server_peak_over_limit_b": peak / lim["limit_b"],
+        "server_top_level_over_limit_b": closed[top]["inputs_per_s"] / lim["limit_b"],
+        "p50_one_client_ms": closed[min(closed)]["p50_ms"],
+        "p50_one_client_target_ms": 1.1 * single + 2,
+        "single_call_p50_ms": single,
+    }
+    if "baseline" in result:
+        out["server_peak_over_baseline_peak"] = peak / _peak(result["baseline"]["closed"])[1]
+    over = srv["overload"]
+    runs = over["runs"]
+    worst = runs[max(runs)]
+    out.update(
+        {
+            "overload_top_multiple": float(max(runs)),
+            "overload_top_goodput_over_capacity": worst["goodput_per_s"] / over["capacity_per_s"],
+            "overload_top_shed_p99_ms": worst["shed_p99_ms"],
+            "overload_floor_p99_ms": over["floor"]["p99_ms"],
+            "probe_saturated_p99_ms": srv["probe_saturated"]["p99_ms"],
+            "probe_idle_p99_ms": srv["probe_idle"]["p99_ms"],
+        }
+    )
+    return out
+
+
+def _ms(value: Any) -> str:
+    return (
+        "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1f}"
+    )
+
+
+def _count(statuses: dict[Any, int], code: int) -> int:
+    """Answers with ``code``; keys are ints in process and strings after a JSON round trip."""
+    return sum(n for status, n in statuses.items() if int(status) == code)
+
+
+def _closed_rows(name: str, closed: dict[Any, dict[str, Any]], per_s: str) -> list[str]:
+    return [
+        f"| {name} | {n} | {r[per_s]:.1f} | {_ms(r['p50_ms'])} | {_ms(r['p95_ms'])} "
+        f"| {_ms(r['p99_ms'])} | {r['requests'] - _count(r['statuses'], 200)} |"
+        for n, r in closed.items()
+    ]
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: the limit, closed-loop rows per system, overload rows, probes and ratios."""
+    lim, srv = result["limit"], result["server"]
+    lines = [
+        f"Limit ({lim['inputs']} inputs, {lim['tokens']['mean']:.0f} tokens mean, "
+        f"{lim['tokens']['max']} max; torch threads {lim['torch_threads']}):",
+        "",
+        "| batch size | " + " | ".join(str(b) for b in lim["pipeline_batches"]) + " |",
+        "| --- |" + " --- |" * len(lim["pipeline_batches"]),
+        "| (a) pipeline, inputs/s | "
+        + " | ".join(f"{v:.1f}" for v in lim["pipeline_batches"].values())
+        + " |",
+        "| (b) tokenizer + model, length-sorted, inputs/s | "
+        + " | ".join(f"{v:.1f}" for v in lim["model_sorted_batches"].values())
+        + " |",
+        "",
+        f"Direct single pipeline call: p50 {lim['single_call_ms']['p50']:.1f} ms, "
+        f"p99 {lim['single_call_ms']['p99']:.1f} ms.",
+        "",
+        "Closed loop (the client floor row counts /livez answers per second, not inputs):",
+        "",
+        "| system | clients | inputs/s | p50 ms | p95 ms | p99 ms | non-200 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *_closed_rows("client floor (/livez)", srv["floor"], "requests_per_s"),
+        *_closed_rows("pipeline-server", srv["closed"], "inputs_per_s"),
+        *(
+            _closed_rows("seed baseline", result["baseline"]["closed"], "inputs_per_s")
+            if "baseline" in result
+            else []
+        ),
+        "",
+        *_overload_rows(srv["overload"]),
+        "",
+        f"/livez probe: idle p50 {_ms(srv['probe_idle']['p50_ms'])} / p99 "
+        f"{_ms(srv['probe_idle']['p99_ms'])} ms; saturated ({max(srv['closed'])} clients) p50 "
+        f"{_ms(srv['probe_saturated']['p50_ms'])} / p99 {_ms(srv['probe_saturated']['p99_ms'])} ms",
+        "",
+        *(f"- {k}: {v:.3f}" for k, v in result["ratios"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def _overload_rows(over: dict[str, Any]) -> list[str]:
+    head = [
+        f"Overload, open loop (capacity {over['capacity_per_s']:.1f} requests/s, deadline "
+        f"{over['deadline_s']:g} s; client floor at the top rate: /livez p50 "
+        f"{_ms(over['floor']['p50_ms'])} / p99 {_ms(over['floor']['p99_ms'])} ms):",
+        "",
+        "| offered | goodput/s | shed | p99 accepted ms | shed p50 ms | shed p99 ms | other |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    rows = []
+    for mult, r in over["runs"].items():
+        other = r["requests"] - _count(r["statuses"], 200) - _count(r["statuses"], 503)
+        rows.append(
+            f"| {mult:g}x | {r['goodput_per_s']:.1f} | {r['shed_rate']:.1%} | "
+            f"{_ms(r['p99_ms'])} | {_ms(r['shed_p50_ms'])} | {_ms(r['shed_p99_ms'])} | "
+            f"{other + r['dropped']} |"
+        )
+    return head + rows

@@ -1,0 +1,124 @@
+"""Start a server under test in a subprocess on a free loopback port, and stop it.
+
+Used by the benchmark and by the Locust smoke tests. The process gets its own session so that
+stopping it (SIGTERM, then SIGKILL after a grace period) reaches gunicorn's worker too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO
+
+HOST = "127.0.0.1"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def console_script(name: str) -> str:
+    """The path of a console script installed beside this Python, else on PATH; else raise."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"console script {name!r} is not installed (pip install -e .)")
+    return found
+
+
+def pipeline_server_command() -> list[str]:
+    """The real server: the ``pipeline-server`` console script (gunicorn, one worker)."""
+    return [console_script("pipeline-server")]
+
+
+def seed_server_command(port: int) -> list[str]:
+    """The baseline: ``loadtest.seed_server`` under uvicorn, one process."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "loadtest.seed_server:app",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+
+
+def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` every 0.2 s until it answers 200; raise after ``timeout_s`` or if proc dies."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before ready")
+        with (
+            contextlib.suppress(OSError, urllib.error.URLError),
+            urllib.request.urlopen(url, timeout=2) as resp,
+        ):
+            if resp.status == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready within {timeout_s:g} s")
+
+
+@contextlib.contextmanager
+def running(
+    command: list[str],
+    port: int,
+    env: Mapping[str, str] | None = None,
+    ready_path: str = "/readyz",
+    ready_timeout_s: float = 180.0,
+    log: IO[bytes] | None = None,
+) -> Iterator[str]:
+    """Run ``command`` (serving on ``port``) until the block ends; yields its base URL.
+
+    The environment gets HOST, PORT, HF_HUB_OFFLINE=1 and TOKENIZERS_PARALLELISM=false on top of
+    ``env`` (or of this process's environment). Output goes to ``log`` (default: discarded).
+    """
+    full_env = {
+        **(env if env is not None else os.environ),
+        "HOST": HOST,
+        "PORT": str(port),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    sink = log if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        command, env=full_env, stdout=sink, stderr=sink, cwd=REPO_ROOT, start_new_session=True
+    )
+    base = f"http://{HOST}:{port}"
+    try:
+        wait_ready(base + ready_path, ready_timeout_s, proc)
+        yield base
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 40.0) -> int:
+    """SIGTERM the process group, SIGKILL it after ``grace_s``; returns the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            return proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()

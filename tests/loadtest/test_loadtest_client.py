@@ -1,0 +1,78 @@
+"""The benchmark's aiohttp client against a stub server: windows, counts, drops, probes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from aiohttp import web
+
+from loadtest import client
+
+T = TypeVar("T")
+
+
+async def _with_stub(delay_s: float, body: Callable[[str], Awaitable[T]]) -> T:
+    """Serve a stub on a free loopback port: every third POST / is shed (503), others 200."""
+    counter = itertools.count(1)
+
+    async def infer(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(delay_s)
+        if next(counter) % 3 == 0:
+            return web.json_response({"error": "busy"}, status=503, headers={"Retry-After": "1"})
+        return web.Response(body=b"[[0.5]]", content_type="application/json")
+
+    async def livez(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.add_routes([web.post("/", infer), web.get("/livez", livez)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        return await body(f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+
+
+def test_closed_loop_counts_answers_inside_its_window() -> None:
+    reqs = [client.raw_text("a short sentence"), client.raw_text("another one")]
+    result = asyncio.run(
+        _with_stub(0.01, lambda base: client.closed_loop(base, reqs, 4, 1.0, warmup_s=0.2))
+    )
+    summary = result.summary()
+    assert result.elapsed_s == 1.0
+    assert set(result.statuses()) == {200, 503}
+    # 4 clients, ~10 ms per answer: a few hundred answers per second at most.
+    assert 50 < summary["requests"] < 450
+    assert summary["inputs_per_s"] == summary["requests_per_s"] > 0
+    assert 0.2 < summary["shed_rate"] < 0.45
+
+
+def test_open_loop_sends_at_its_rate_and_drops_beyond_max_in_flight() -> None:
+    reqs = [client.raw_text("x")]
+    steady = asyncio.run(_with_stub(0.005, lambda base: client.open_loop(base, reqs, 100, 1.0)))
+    assert len(steady.answers) == 100 and steady.dropped == 0
+    assert steady.summary(deadline_s=1.0)["goodput_per_s"] > 50
+    crowded = asyncio.run(
+        _with_stub(0.5, lambda base: client.open_loop(base, reqs, 100, 0.5, max_in_flight=5))
+    )
+    assert crowded.dropped > 0 and len(crowded.answers) + crowded.dropped == 50
+
+
+def test_probe_stops_when_told() -> None:
+    async def run(base: str) -> list[float]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(client.probe(base, stop, interval_s=0.01))
+        await asyncio.sleep(0.3)
+        stop.set()
+        return await task
+
+    latencies = asyncio.run(_with_stub(0.0, run))
+    assert 5 < len(latencies) < 40 and all(lat < 0.2 for lat in latencies)
