@@ -274,6 +274,9 @@ def load_engine(settings: Settings) -> Engine:
         trust_remote_code=settings.trust_remote_code,
     )
     pipe.model.eval()
+    # inference_mode skips autograd's version counters and view tracking that no_grad (the
+    # pipeline's default context) still pays for; nothing here ever needs gradients.
+    pipe.get_inference_context = lambda: torch.inference_mode
     tok = pipe.tokenizer
     limit = _max_input_tokens(pipe)
     tok.model_max_length = limit  # truncation then cuts at the real limit
