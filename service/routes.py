@@ -91,7 +91,7 @@ async def readyz(request: Request) -> Response:
 
 
 async def livez(request: Request) -> Response:
-    live, status = _runtime(request).batcher.live()
+    live, status = _runtime(request).live()
     return json_response({"status": status}, 200 if live else 503)
 
 

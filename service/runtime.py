@@ -78,6 +78,19 @@ class Runtime:
         await asyncio.to_thread(self.batcher.stop, self.settings.drain_timeout_s + 5)
 
     # -- probes --------------------------------------------------------------------------
+    def live(self) -> tuple[bool, str]:
+        """The batcher's checks (thread alive, load not failed, no batch past LIVENESS_STALL_S)
+        plus its heartbeat once ready: the thread beats on every turn of its loop (at least
+        every half second when idle), so a thread stuck outside any batch (in tokenization, on
+        a lock) is not live either."""
+        live, status = self.batcher.live()
+        if not live or self.batcher.state is not State.READY:
+            return live, status
+        silent_s = time.monotonic() - self.batcher.heartbeat
+        if self.batcher.batch_started_at is None and silent_s > self.settings.liveness_stall_s:
+            return False, f"no heartbeat from the inference thread for {silent_s:.1f}s"
+        return live, status
+
     def ready(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
