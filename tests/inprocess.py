@@ -29,8 +29,11 @@ class Recorder:
     """An engine factory that records the texts of every `Engine.run` call.
 
     `delay_per_input_s` sleeps in `run` per input of the batch (torch-free slowness, the same
-    for warm-up, so the service-time estimate is right from the start unless `slow_after` is
-    cleared). While `gate` is cleared, `run` blocks on it (a stuck batch)."""
+    for warm-up, so the service-time estimate is right from the start, unless
+    `delay_warm_up=False`: then only once `slow` is set). While `gate` is cleared, `run` blocks
+    on it (a stuck batch); while `prepare_gate` is cleared, `prepare` blocks (a stuck thread
+    outside any batch). When `crash` is set, `run` raises it (e.g. a BaseException that ends
+    the inference thread)."""
 
     def __init__(self, delay_per_input_s: float = 0.0, *, delay_warm_up: bool = True) -> None:
         self.delay_per_input_s = delay_per_input_s
@@ -39,6 +42,9 @@ class Recorder:
             self.slow.set()
         self.gate = threading.Event()
         self.gate.set()
+        self.prepare_gate = threading.Event()
+        self.prepare_gate.set()
+        self.crash: BaseException | None = None
         self.ran: list[str] = []
         self.engine: Engine | None = None
 
@@ -48,6 +54,7 @@ class Recorder:
         texts: dict[int, tuple[Any, str]] = {}  # keeps each prepared object alive: ids stay unique
 
         def recording_prepare(text: str, *args: Any, **kwargs: Any) -> Any:
+            self.prepare_gate.wait(60)
             prepared = prepare(text, *args, **kwargs)
             texts[id(prepared)] = (prepared, text)
             return prepared
@@ -55,6 +62,8 @@ class Recorder:
         def recording_run(batch: list[Any]) -> list[Any]:
             self.ran.extend(texts[id(p)][1] if id(p) in texts else "?" for p in batch)
             self.gate.wait(60)
+            if self.crash is not None:
+                raise self.crash
             if self.slow.is_set():
                 time.sleep(self.delay_per_input_s * len(batch))
             return run(batch)

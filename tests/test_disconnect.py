@@ -24,7 +24,9 @@ LONG = " ".join(["paris is the capital of france"] * 60)  # about 360 tokens
 def slow(tiny_models: dict[str, Path]) -> tuple[Served, Recorder]:  # type: ignore[misc]
     """MAX_BATCH_SIZE=1 and 0.4 s per batch: one blocker runs while the rest wait."""
     recorder = Recorder(0.4)
-    settings = Settings(model_id=str(tiny_models["text-classification"]), max_batch_size=1)
+    settings = Settings(
+        model_id=str(tiny_models["text-classification"]), max_batch_size=1, torch_num_threads=1
+    )
     with serve(settings, recorder) as served:
         yield served, recorder
 
@@ -103,5 +105,9 @@ def test_a_failed_input_cancels_the_rest_of_its_request(slow: tuple[Served, Reco
         assert asyncio.run(asyncio.wait_for(scenario(), 30)) == (422, 200)
         gc.collect()
     assert errors == []
-    assert not [text for text in recorder.ran if text.startswith("sibling")]
-    assert sample("pipeline_server_cancelled_total", reason="request_failed") - failed == 3
+    # The thread finds the bad input while preparing the list, and may start on the input
+    # before it at once; every input after it is cancelled before its batch.
+    ran = [text for text in recorder.ran if text.startswith("sibling")]
+    assert ran in ([], ["sibling 0"])
+    cancelled = sample("pipeline_server_cancelled_total", reason="request_failed") - failed
+    assert cancelled == 3 - len(ran)
