@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -152,6 +153,16 @@ class Kubelet:
             status = type(e).__name__
         self.record.requests.append((sent, status, self.now()))
 
+    async def until_queued(self, limit_s: float = 5.0) -> None:
+        """Return once inputs wait in the queue (so SIGTERM finds work), or after `limit_s`."""
+        until = time.monotonic() + limit_s
+        while time.monotonic() < until:
+            async with self.session.get(self.base + "/metrics") as r:
+                text = await r.text()
+            if re.search(r"^pipeline_server_queue_depth [1-9]", text, re.MULTILINE):
+                return
+            await asyncio.sleep(0.02)
+
     async def clients(self, until: asyncio.Event) -> None:
         async def client(i: int) -> None:
             while not until.is_set():
@@ -195,10 +206,10 @@ async def play(
     stop_load.set()
     await load
     assert worker_pids(proc.pid) == workers, "the worker restarted during load"
+    await hook.wait()
     # Requests still in flight when SIGTERM lands: all were accepted, all must be answered.
     burst = [asyncio.create_task(kubelet.send(json={"inputs": [SEED] * 16})) for _ in range(6)]
-    await hook.wait()
-    await asyncio.sleep(0.2)
+    await kubelet.until_queued()
     for task in probes:
         task.cancel()
     proc.send_signal(signal.SIGTERM)
@@ -276,7 +287,7 @@ def test_rendered_pod_lifecycle(tmp_path: Path) -> None:
     sigterm_at = next(sent for sent, status, _ in record.requests if status == "SIGTERM")
     before = [status for sent, status, _ in record.requests if sent < sigterm_at]
     after = [status for sent, status, _ in record.requests if sent > sigterm_at]
-    assert len(before) > 50, "too little load to mean anything"
+    assert len(before) > 20, "too little load to mean anything"
     assert set(before) == {200}, f"lost or failed before SIGTERM: {set(before)}\n{log_text}"
     drained = [1 for sent, _, answered in record.requests if sent < sigterm_at < answered]
     assert drained, "no request was in flight at SIGTERM: the drain went untested"
