@@ -3,7 +3,8 @@
 From `helm template` (default values) the test takes the container's command, args, env,
 probes, preStop hook and grace period, and starts the installed `pipeline-server` with them on
 127.0.0.1. Only HOST/PORT (a free loopback port) and container-only paths (the baked model
-folder, the emptyDir mounts) are replaced. Then, like a kubelet:
+folder, the emptyDir mounts, TMPDIR for /tmp) are replaced; PATH and the test-only
+MODEL_LOAD_DELAY_S are added. Then, like a kubelet:
 
 1. the startup probe polls /readyz until it passes (a failureThreshold-th failure would be a
    restart); readiness and liveness start only after it;

@@ -8,6 +8,7 @@ strict: unknown fields fail), CRD-backed ones against the JSON schemas in `schem
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import jsonschema
@@ -173,6 +174,19 @@ def test_every_setting_is_reachable_from_values() -> None:
     )
     rendered |= set(env_map(server_container(optional)))
     assert settings <= rendered, f"no value sets {settings - rendered}"
+
+
+def test_schema_choices_are_the_settings_choices() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["server"]
+    fields = {
+        "device": "device",
+        "dtype": "dtype",
+        "logLevel": "log_level",
+        "logFormat": "log_format",
+    }
+    for value, field in fields.items():
+        allowed = set(typing.get_args(Settings.model_fields[field].annotation))
+        assert set(schema["properties"][value]["enum"]) - {""} == allowed, value
 
 
 def test_settings_come_from_values() -> None:
