@@ -28,7 +28,8 @@ class Settings(BaseSettings):
     task: str | None = None  # None: inferred from the model's architecture
     revision: str | None = None
     device: Literal["cpu", "cuda", "auto"] = "auto"
-    dtype: str = "auto"  # auto (the model's own), float32, float16, bfloat16
+    # auto: the model's own. int8: dynamic int8 quantization of the Linear layers (CPU only).
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
     trust_remote_code: bool = False
 
     max_batch_size: int = Field(32, ge=1, le=4096)
@@ -53,6 +54,12 @@ class Settings(BaseSettings):
     model_load_delay_s: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
+    def _int8_is_for_cpu(self) -> Settings:
+        if self.dtype == "int8" and self.device == "cuda":
+            raise ValueError("DTYPE=int8 (dynamic quantization) runs on the CPU; set DEVICE=cpu")
+        return self
+
+    @model_validator(mode="after")
     def _queue_holds_a_client_batch(self) -> Settings:
         if self.max_queue_size < self.max_client_batch_size:
             raise ValueError(
@@ -68,7 +75,8 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         err = exc.errors()[0]
-        name = str(err["loc"][0]).upper() if err["loc"] else "MAX_QUEUE_SIZE"
-        given = f" (got {os.environ[name]!r})" if os.environ.get(name) else ""
         msg = str(err["msg"]).removeprefix("Value error, ")
+        # Field errors carry their name; cross-field checks start their message with it.
+        name = str(err["loc"][0]).upper() if err["loc"] else msg.split("=")[0].split()[0]
+        given = f" (got {os.environ[name]!r})" if os.environ.get(name) else ""
         raise SettingsError(f"invalid setting {name}: {msg}{given}") from None
