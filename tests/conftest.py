@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -21,13 +14,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from helpers import ServerProcess, app_client
 from models import build
 
-from service.app import create_app
 from service.model import default_model_dir
-from service.settings import Settings
 
-SEED_TEXT = "Paris is the [MASK] of France."
 TASKS = ("fill-mask", "text-classification", "token-classification")
 
 
@@ -43,28 +34,6 @@ def embedded_model() -> Path:
     return Path(default_model_dir())
 
 
-def wait_ready(get: Callable[[str], Any], timeout: float = 60) -> None:
-    """Poll GET /readyz until 200 (fails the test after `timeout` seconds)."""
-    until = time.monotonic() + timeout
-    while time.monotonic() < until:
-        try:
-            if get("/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"not ready after {timeout}s")
-
-
-@contextmanager
-def app_client(model: Path | None = None, **settings: Any) -> Iterator[TestClient]:
-    """An in-process app (lifespan run, model loaded and warmed) and its TestClient."""
-    app = create_app(Settings(model_id=str(model) if model else None, **settings))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        wait_ready(client.get)
-        yield client
-
-
 @pytest.fixture(scope="module")
 def embedded_client(embedded_model: Path) -> Iterator[TestClient]:
     with app_client(embedded_model) as client:
@@ -75,55 +44,6 @@ def embedded_client(embedded_model: Path) -> Iterator[TestClient]:
 def fill_mask_client(tiny_models: dict[str, Path]) -> Iterator[TestClient]:
     with app_client(tiny_models["fill-mask"], max_batch_wait_ms=20) as client:
         yield client
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
-    """The real console script (`pipeline-server`: gunicorn + uvicorn worker) on 127.0.0.1."""
-
-    def __init__(self, env: dict[str, str], log_file: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_file = log_file
-        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), **env}
-        self._log = log_file.open("wb")
-        script = Path(sys.executable).with_name("pipeline-server")
-        self.proc = subprocess.Popen(
-            [str(script)], env=full_env, stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    def get(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10, **kw)
-
-    def post(self, path: str = "/", **kw: Any) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=kw.pop("timeout", 30), **kw)
-
-    def wait_ready(self, timeout: float = 90) -> None:
-        try:
-            wait_ready(self.get, timeout)
-        except AssertionError:
-            raise AssertionError(f"server not ready; log:\n{self.log()}") from None
-
-    def terminate(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self._log.close()
-
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_file.read_text(errors="replace")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import uvicorn
-from conftest import free_port, wait_ready
+from helpers import free_port, wait_ready
 from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 

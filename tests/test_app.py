@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import SEED_TEXT, app_client, wait_ready
+from helpers import SEED_TEXT, app_client, wait_ready
 from starlette.testclient import TestClient
 
 from service.app import create_app

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import app_client
+from helpers import app_client
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SEED_TEXT, app_client
+from helpers import SEED_TEXT, app_client
 from starlette.testclient import TestClient
 
 JSON = {"content-type": "application/json"}

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess, app_client
+from helpers import ServerProcess, app_client
 from inprocess import Recorder, Served, serve
 
 from service.settings import Settings

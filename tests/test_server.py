@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import SEED_TEXT, ServerProcess
+from helpers import SEED_TEXT, ServerProcess
 
 pytestmark = pytest.mark.server
 

@@ -1,0 +1,96 @@
+"""Test helpers shared by the suites: in-process clients, real servers, readiness polling.
+
+(A module of its own: several folders have a conftest.py, so `import conftest` is ambiguous.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+
+SEED_TEXT = "Paris is the [MASK] of France."
+
+
+def wait_ready(get: Callable[[str], Any], timeout: float = 60) -> None:
+    """Poll GET /readyz until 200 (fails the test after `timeout` seconds)."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        try:
+            if get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"not ready after {timeout}s")
+
+
+@contextmanager
+def app_client(model: Path | None = None, **settings: Any) -> Iterator[TestClient]:
+    """An in-process app (lifespan run, model loaded and warmed) and its TestClient."""
+    app = create_app(Settings(model_id=str(model) if model else None, **settings))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        wait_ready(client.get)
+        yield client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """The real console script (`pipeline-server`: gunicorn + uvicorn worker) on 127.0.0.1."""
+
+    def __init__(self, env: dict[str, str], log_file: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_file = log_file
+        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), **env}
+        self._log = log_file.open("wb")
+        script = Path(sys.executable).with_name("pipeline-server")
+        self.proc = subprocess.Popen(
+            [str(script)], env=full_env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10, **kw)
+
+    def post(self, path: str = "/", **kw: Any) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=kw.pop("timeout", 30), **kw)
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        try:
+            wait_ready(self.get, timeout)
+        except AssertionError:
+            raise AssertionError(f"server not ready; log:\n{self.log()}") from None
+
+    def terminate(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._log.close()
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_file.read_text(errors="replace")
