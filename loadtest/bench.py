@@ -97,6 +97,15 @@ def measure_limit(args: argparse.Namespace) -> dict[str, Any]:
     return dict(json.loads(out.read_text(encoding="utf-8")))
 
 
+def fetch_json(url: str) -> Any:
+    """GET ``url`` and decode its JSON body (None when it fails: e.g. no /info)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
 def scrape_metrics(base: str) -> dict[str, float]:
     """Batch size, padding efficiency and queue figures from /metrics (sums, counts, gauges)."""
     try:
@@ -153,6 +162,7 @@ async def bench_server(args: argparse.Namespace, reqs: list[client.Request]) -> 
     )
     with log, servers.running(cmd, port, env, log=log) as base:
         await client.closed_loop(base, reqs, 4, 2.0, warmup_s=0)
+        res["info"] = fetch_json(base + "/info")
         print("client floor (/livez):", flush=True)
         res["floor"] = await closed_levels(base, [client.LIVEZ], args.levels, min(args.seconds, 3))
         print("pipeline-server:", flush=True)
@@ -230,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     if not args.no_baseline:
         result["baseline"] = asyncio.run(bench_baseline(args, reqs))
+    result["machine"]["loadavg_after"] = os.getloadavg()
     result["ratios"] = report.ratios(result)
     result["wall_s"] = time.monotonic() - started
     print(report.table(result))

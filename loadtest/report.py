@@ -22,7 +22,9 @@ def machine() -> dict[str, Any]:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = "absent"
+    # Other processes on the same cores skew every figure: the load average shows whether any ran.
     return {
+        "loadavg_before": os.getloadavg(),
         "cpus": os.cpu_count(),
         "cgroup_cpu_max": quota,
         "python": platform.python_version(),
@@ -92,7 +94,12 @@ def _closed_rows(name: str, closed: dict[Any, dict[str, Any]], per_s: str) -> li
 def table(result: dict[str, Any]) -> str:
     """Markdown: the limit, closed-loop rows per system, overload rows, probes and ratios."""
     lim, srv = result["limit"], result["server"]
+    mach = result.get("machine", {})
+    load = [f"{x:.1f}" for x in (*mach.get("loadavg_before", ()), *mach.get("loadavg_after", ()))]
     lines = [
+        f"Machine: {mach.get('cpus', '?')} CPUs shared by client and server; load average "
+        f"(1, 5, 15 min) before {', '.join(load[:3]) or '?'}, after {', '.join(load[3:]) or '?'}.",
+        "",
         f"Limit ({lim['inputs']} inputs, {lim['tokens']['mean']:.0f} tokens mean, "
         f"{lim['tokens']['max']} max; torch threads {lim['torch_threads']}):",
         "",
