@@ -212,6 +212,7 @@ class Batcher:
             warmup_s=round(warm_s, 4),
             **{k: v for k, v in vars(engine.info).items()},
         )
+        self.heartbeat = time.monotonic()
         self.state = State.READY
         if self.drain_deadline is None:
             metrics.READY.set(1)
@@ -241,11 +242,10 @@ class Batcher:
                 item.future.set_exception(exc)
                 gone += 1
                 continue
-            except Exception as exc:
+            except Exception:
                 log.exception("prepare_failed")
                 item.future.set_exception(InferenceFailed("the model failed on this input"))
                 gone += 1
-                del exc
                 continue
             self._pool.append(item)
         if gone:

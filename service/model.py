@@ -34,6 +34,7 @@ _TASK_BY_ARCH_SUFFIX = {
     "ForSequenceClassification": "text-classification",
     "ForTokenClassification": "token-classification",
 }
+_MAX_CACHED_PARAMETER_SETS = 256
 # A tokenizer with no real limit reports a huge `model_max_length` (int(1e30)).
 _NO_LIMIT = 1_000_000
 
@@ -120,6 +121,8 @@ class Engine:
         """
         if key in self._calls:
             return self._calls[key]
+        if len(self._calls) >= _MAX_CACHED_PARAMETER_SETS:  # e.g. many distinct `targets`
+            self._calls.pop(next(iter(self._calls)))
         user = dict(params)
         truncation = bool(user.pop("truncation", self.truncate_default))
         task = self.info.task
