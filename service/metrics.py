@@ -45,7 +45,11 @@ INFERENCE_SECONDS = Histogram(
     _P + "inference_seconds", "Time one batch spent in the pipeline.", buckets=_SECONDS
 )
 SHED = Counter(_P + "shed_total", "Requests answered 503 at admission.", ["reason"])
-EXPIRED = Counter(_P + "expired_total", "Inputs whose deadline passed.", ["stage"])
+EXPIRED = Counter(
+    _P + "expired_total",
+    "Inputs whose deadline passed, by stage: receiving (the body, counted once), queued, running.",
+    ["stage"],
+)
 CANCELLED = Counter(_P + "cancelled_total", "Inputs dropped before compute.", ["reason"])
 MODEL_LOAD_SECONDS = Gauge(_P + "model_load_seconds", "Seconds the model took to load and warm.")
 READY = Gauge(_P + "ready", "1 when the model is loaded, warmed and not draining.")

@@ -16,7 +16,7 @@ from service.errors import InvalidInput, Unauthorized
 from service.model import ModelInfo
 from service.params import validate_parameters
 from service.runtime import ClientGone, Runtime
-from service.schemas import parse_body, read_body
+from service.schemas import parse_body
 
 _JSON = "application/json"
 
@@ -68,7 +68,10 @@ async def infer(request: Request) -> Response:
     require_api_key(request)
     info = runtime.model_info()
     deadline = runtime.deadline(request)
-    body = await read_body(request, runtime.settings.max_body_bytes)
+    try:
+        body = await runtime.receive(request, deadline)
+    except ClientGone:
+        return Response(status_code=499)  # nobody is listening; the log line keeps the count
     job = parse_body(
         body, request.headers.get("content-type"), runtime.settings.max_client_batch_size
     )

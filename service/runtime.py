@@ -16,13 +16,14 @@ from types import FrameType
 from typing import Any
 
 import structlog
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from service import metrics
 from service.batcher import Batcher, Item, State
 from service.errors import DeadlineExceeded, Draining, NotReady, ServiceError
 from service.model import ModelInfo
 from service.params import params_key
+from service.schemas import read_body
 from service.settings import Settings
 
 log = structlog.get_logger("service.runtime")
@@ -125,6 +126,32 @@ class Runtime:
                 raise BadRequest("X-Request-Timeout must be a positive number of seconds")
             timeout = min(timeout, value)
         return time.monotonic() + timeout
+
+    async def receive(self, request: Request, deadline: float) -> bytes:
+        """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's
+        deadline (504) and the drain time (503): a client that stalls its upload holds its
+        connection, and a draining server, no longer than that. Raises `ClientGone` when the
+        client leaves during the upload."""
+        assert self._drain_over is not None
+        reading = asyncio.ensure_future(read_body(request, self.settings.max_body_bytes))
+        drain_over = asyncio.ensure_future(self._drain_over.wait())
+        try:
+            timeout = max(0.0, deadline - time.monotonic())
+            done, _ = await asyncio.wait(
+                {reading, drain_over}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            reading.cancel()
+            drain_over.cancel()
+        if reading in done:
+            try:
+                return reading.result()
+            except ClientDisconnect:
+                raise ClientGone() from None
+        if drain_over in done:
+            raise Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+        metrics.EXPIRED.labels("receiving").inc()
+        raise DeadlineExceeded("the request deadline passed while its body was still arriving")
 
     def submit(self, texts: list[str], params: dict[str, Any], deadline: float) -> list[Item]:
         """Queue the inputs (all or none); raise `Overloaded` (503) to shed them."""
