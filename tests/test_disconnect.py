@@ -32,8 +32,8 @@ def slow(tiny_models: dict[str, Path]) -> tuple[Served, Recorder]:  # type: igno
 
 
 @contextmanager
-def _asyncio_errors() -> Iterator[list[str]]:
-    """Messages asyncio logs at ERROR meanwhile (e.g. "exception was never retrieved")."""
+def _errors(logger: str) -> Iterator[list[str]]:
+    """Messages `logger` logs at ERROR meanwhile."""
     found: list[str] = []
 
     class Catch(logging.Handler):
@@ -41,11 +41,11 @@ def _asyncio_errors() -> Iterator[list[str]]:
             found.append(record.getMessage())
 
     handler = Catch(logging.ERROR)
-    logging.getLogger("asyncio").addHandler(handler)
+    logging.getLogger(logger).addHandler(handler)
     try:
         yield found
     finally:
-        logging.getLogger("asyncio").removeHandler(handler)
+        logging.getLogger(logger).removeHandler(handler)
 
 
 def test_queued_inputs_of_a_gone_client_are_never_computed(slow: tuple[Served, Recorder]) -> None:
@@ -72,7 +72,7 @@ def test_queued_inputs_of_a_gone_client_are_never_computed(slow: tuple[Served, R
         after[1].close()
         return status, after_status
 
-    with _asyncio_errors() as errors:
+    with _errors("asyncio") as errors:  # e.g. "exception was never retrieved"
         assert asyncio.run(asyncio.wait_for(scenario(), 30)) == (200, 200)
         gc.collect()  # asyncio reports "exception was never retrieved" when a future is freed
     assert errors == []  # no error line per disconnect (a flood under load)
@@ -101,7 +101,7 @@ def test_a_failed_input_cancels_the_rest_of_its_request(slow: tuple[Served, Reco
         await asyncio.to_thread(served.wait_depth, 0)
         return status, blocker_status
 
-    with _asyncio_errors() as errors:
+    with _errors("asyncio") as errors:  # e.g. "exception was never retrieved"
         assert asyncio.run(asyncio.wait_for(scenario(), 30)) == (422, 200)
         gc.collect()
     assert errors == []
@@ -111,3 +111,24 @@ def test_a_failed_input_cancels_the_rest_of_its_request(slow: tuple[Served, Reco
     assert ran in ([], ["sibling 0"])
     cancelled = sample("pipeline_server_cancelled_total", reason="request_failed") - failed
     assert cancelled == 3 - len(ran)
+
+
+def test_a_client_gone_during_its_upload_is_counted_499_not_500(
+    slow: tuple[Served, Recorder],
+) -> None:
+    served, _ = slow
+    gone_499 = sample("pipeline_server_requests_total", route="/", status="499")
+    failed_500 = sample("pipeline_server_requests_total", route="/", status="500")
+
+    async def scenario() -> None:
+        head = http_post("x" * 1000)[:-990]  # the head and 10 of the 1000 bytes announced
+        _, writer = await raw_request(served.url, head)
+        await asyncio.sleep(0.2)
+        writer.close()
+        await asyncio.sleep(0.3)
+
+    with _errors("service.app") as errors:
+        asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert errors == []  # not an "unhandled_error" with a traceback
+    assert sample("pipeline_server_requests_total", route="/", status="500") == failed_500
+    assert sample("pipeline_server_requests_total", route="/", status="499") - gone_499 == 1

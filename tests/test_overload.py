@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,8 +21,8 @@ from typing import Any
 
 import load
 import pytest
-from conftest import ServerProcess
-from inprocess import Recorder, Served, sample, serve
+from helpers import ServerProcess
+from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
 from service.settings import Settings
 
@@ -92,6 +93,27 @@ def test_deadline_passing_while_running_answers_504_at_the_deadline(
     assert outcome.status == 504
     assert outcome.seconds <= 1.0 + MARGIN_S  # the 2 s batch is not waited for
     assert sample("pipeline_server_expired_total", stage="running") - running == 1
+
+
+def test_a_stalled_upload_is_answered_504_at_its_deadline(
+    stalling: tuple[Served, Recorder],
+) -> None:
+    """The deadline covers the body too: a client that stops sending holds nothing past it."""
+    served, _ = stalling
+
+    async def scenario() -> tuple[int, dict[str, str], float]:
+        head = http_post("x" * 1000, **{"X-Request-Timeout": "1"})[:-990]  # 10 of 1000 bytes
+        started = time.monotonic()
+        reader, writer = await raw_request(served.url, head)
+        try:
+            status, headers, _ = await read_answer(reader)
+        finally:
+            writer.close()
+        return status, headers, time.monotonic() - started
+
+    status, _, seconds = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert status == 504
+    assert seconds <= 1 + MARGIN_S
 
 
 def test_request_timeout_header(stalling: tuple[Served, Recorder]) -> None:
