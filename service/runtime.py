@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import time
 from types import FrameType
@@ -41,6 +42,8 @@ class Runtime:
         self.batcher = batcher
         self.draining = False
         self._drain_over: asyncio.Event | None = None
+        self._drain_ends_at: float | None = None  # monotonic; set on SIGTERM
+        self._reading: set[asyncio.Timeout] = set()  # body reads under way (`receive`)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -70,9 +73,14 @@ class Runtime:
         self.draining = True
         metrics.READY.set(0)
         drain_s = self.settings.drain_timeout_s
-        self.batcher.drain_deadline = time.monotonic() + drain_s
+        self._drain_ends_at = time.monotonic() + drain_s
+        self.batcher.drain_deadline = self._drain_ends_at
         assert self._drain_over is not None
-        asyncio.get_running_loop().call_later(drain_s, self._drain_over.set)
+        loop = asyncio.get_running_loop()
+        loop.call_later(drain_s, self._drain_over.set)
+        for timeout in self._reading:  # bodies still arriving: at the drain end at the latest
+            when = timeout.when()
+            timeout.reschedule(min(when if when is not None else math.inf, loop.time() + drain_s))
         log.info("draining", drain_timeout_s=drain_s, queue_depth=self.batcher.queue.depth)
 
     async def stop(self) -> None:
@@ -131,27 +139,27 @@ class Runtime:
         """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's
         deadline (504) and the drain time (503): a client that stalls its upload holds its
         connection, and a draining server, no longer than that. Raises `ClientGone` when the
-        client leaves during the upload."""
-        assert self._drain_over is not None
-        reading = asyncio.ensure_future(read_body(request, self.settings.max_body_bytes))
-        drain_over = asyncio.ensure_future(self._drain_over.wait())
+        client leaves during the upload.
+
+        One `asyncio.timeout` per read (no extra task: this is every request's path, sheds
+        included); SIGTERM pulls the running ones in to the drain end (`begin_drain`)."""
+        ends = min(deadline, self._drain_ends_at or deadline)
         try:
-            timeout = max(0.0, deadline - time.monotonic())
-            done, _ = await asyncio.wait(
-                {reading, drain_over}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            reading.cancel()
-            drain_over.cancel()
-        if reading in done:
-            try:
-                return reading.result()
-            except ClientDisconnect:
-                raise ClientGone() from None
-        if drain_over in done:
-            raise Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
-        metrics.EXPIRED.labels("receiving").inc()
-        raise DeadlineExceeded("the request deadline passed while its body was still arriving")
+            async with asyncio.timeout(max(0.0, ends - time.monotonic())) as timeout:
+                self._reading.add(timeout)
+                try:
+                    return await read_body(request, self.settings.max_body_bytes)
+                finally:
+                    self._reading.discard(timeout)
+        except ClientDisconnect:
+            raise ClientGone() from None
+        except TimeoutError:
+            if self._drain_ends_at is not None and self._drain_ends_at <= deadline:
+                raise Draining("drain time is over", retry_after_s=_LOADING_RETRY_S) from None
+            metrics.EXPIRED.labels("receiving").inc()
+            raise DeadlineExceeded(
+                "the request deadline passed while its body was still arriving"
+            ) from None
 
     def submit(self, texts: list[str], params: dict[str, Any], deadline: float) -> list[Item]:
         """Queue the inputs (all or none); raise `Overloaded` (503) to shed them."""
