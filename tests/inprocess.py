@@ -85,9 +85,15 @@ class Recorder:
 class Served:
     """A running in-process server: its base `url` and the app (for its runtime's state)."""
 
-    def __init__(self, app: Starlette, url: str) -> None:
+    def __init__(self, app: Starlette, url: str, server: uvicorn.Server) -> None:
         self.app = app
         self.url = url
+        self._server = server
+
+    def begin_drain(self) -> None:
+        """What SIGTERM does first (the signal itself only reaches the main thread)."""
+        loop = self._server.servers[0].get_loop()
+        loop.call_soon_threadsafe(self.app.state.runtime.begin_drain)
 
     @property
     def depth(self) -> int:
@@ -116,7 +122,7 @@ def serve(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(lambda path: httpx.get(url + path, timeout=5), timeout=60)
-        yield Served(app, url)
+        yield Served(app, url, server)
     finally:
         server.should_exit = True
         thread.join(30)

@@ -116,6 +116,30 @@ def test_a_stalled_upload_is_answered_504_at_its_deadline(
     assert seconds <= 1 + MARGIN_S
 
 
+def test_a_stalled_upload_is_answered_503_at_the_drain_end(
+    tiny_settings: Callable[..., Settings],
+) -> None:
+    """SIGTERM pulls a body still arriving in to the drain end: answered 503, not held until
+    its (here 60 s) deadline while the worker waits to exit."""
+    settings = tiny_settings(request_timeout_s=60, drain_timeout_s=0.5)
+
+    async def scenario(served: Served) -> tuple[int, dict[str, str], float]:
+        reader, writer = await raw_request(served.url, http_post("x" * 1000)[:-990])
+        await asyncio.sleep(0.2)
+        served.begin_drain()
+        started = time.monotonic()
+        try:
+            status, headers, _ = await read_answer(reader)
+        finally:
+            writer.close()
+        return status, headers, time.monotonic() - started
+
+    with serve(settings) as served:
+        status, headers, seconds = asyncio.run(asyncio.wait_for(scenario(served), 10))
+    assert status == 503 and int(headers["retry-after"]) >= 1
+    assert seconds <= 0.5 + MARGIN_S
+
+
 def test_request_timeout_header(stalling: tuple[Served, Recorder]) -> None:
     """X-Request-Timeout may only shorten REQUEST_TIMEOUT_S; a bad value is 400."""
     served, _ = stalling
