@@ -35,8 +35,11 @@ class Recorder:
     outside any batch). When `crash` is set, `run` raises it (e.g. a BaseException that ends
     the inference thread)."""
 
-    def __init__(self, delay_per_input_s: float = 0.0, *, delay_warm_up: bool = True) -> None:
+    def __init__(
+        self, delay_per_input_s: float = 0.0, *, delay_warm_up: bool = True, cold_s: float = 0.0
+    ) -> None:
         self.delay_per_input_s = delay_per_input_s
+        self.cold_s = cold_s  # extra seconds of the very first run (a cold start)
         self.slow = threading.Event()
         if delay_warm_up:
             self.slow.set()
@@ -62,6 +65,8 @@ class Recorder:
         def recording_run(batch: list[Any]) -> list[Any]:
             self.ran.extend(texts[id(p)][1] if id(p) in texts else "?" for p in batch)
             self.gate.wait(60)
+            if self.cold_s and len(self.ran) == len(batch):  # the first batch ever
+                time.sleep(self.cold_s)
             if self.crash is not None:
                 raise self.crash
             if self.slow.is_set():
