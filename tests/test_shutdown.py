@@ -10,6 +10,7 @@ or an idle keep-alive connection closed under it) never reached the app: it is n
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import signal
 import time
@@ -20,9 +21,7 @@ from pathlib import Path
 import httpx
 import load
 import pytest
-from conftest import ServerProcess
-
-pytestmark = pytest.mark.server
+from helpers import ServerProcess
 
 LONG = " ".join(["paris is the capital of france"] * 80)  # about 480 tokens
 # Transport errors a request may meet once the server stops listening; the request never
@@ -57,6 +56,7 @@ def _readiness_after_sigterm(server: ServerProcess, seconds: float) -> list[int]
     return seen
 
 
+@pytest.mark.server
 def test_c14_in_flight_requests_finish_after_sigterm(
     start_server: Callable[..., ServerProcess], tiny_models: dict[str, Path]
 ) -> None:
@@ -110,6 +110,7 @@ def test_c14_in_flight_requests_finish_after_sigterm(
     assert log.count("Booting worker") == 1
 
 
+@pytest.mark.server
 def test_sigterm_under_load_loses_nothing(
     start_server: Callable[..., ServerProcess], tiny_models: dict[str, Path]
 ) -> None:
@@ -179,3 +180,13 @@ def test_sigterm_under_load_loses_nothing(
     drained = [o for o in outcomes if o.status == 503 and o.body["error_type"] == "draining"]
     assert drained, statuses  # the drain limit cut the queue: answered 503, not dropped
     assert statuses[200] > 0
+
+
+@pytest.mark.parametrize("drain", ["0", "0.5", "7.5", "25", "120"])
+def test_gunicorn_waits_longer_than_the_drain(monkeypatch: pytest.MonkeyPatch, drain: str) -> None:
+    """gunicorn's graceful timeout covers DRAIN_TIMEOUT_S plus the last batch and the exit, so
+    it never kills a worker that is still answering what it accepted."""
+    monkeypatch.setenv("DRAIN_TIMEOUT_S", drain)
+    conf = importlib.reload(importlib.import_module("service.gunicorn_conf"))
+    assert conf.graceful_timeout >= float(drain) + 3
+    assert conf.timeout == 30  # the default worker timeout stays (C17: the load is off the loop)
