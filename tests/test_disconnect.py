@@ -23,11 +23,12 @@ LONG = " ".join(["paris is the capital of france"] * 60)  # about 360 tokens
 @pytest.fixture
 def slow(tiny_models: dict[str, Path]) -> tuple[Served, Recorder]:  # type: ignore[misc]
     """MAX_BATCH_SIZE=1 and 0.4 s per batch: one blocker runs while the rest wait."""
-    recorder = Recorder(0.4)
+    recorder = Recorder(0.4, delay_warm_up=False)  # the load's warm-up and calibration: fast
     settings = Settings(
         model_id=str(tiny_models["text-classification"]), max_batch_size=1, torch_num_threads=1
     )
     with serve(settings, recorder) as served:
+        recorder.slow.set()
         yield served, recorder
 
 
