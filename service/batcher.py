@@ -99,7 +99,11 @@ class WorkQueue:
                     retry_after_s=estimate.predicted_wait(depth),
                 )
             wait = estimate.predicted_wait(depth + n)
-            if wait > min(i.deadline for i in items) - now:
+            # Shed for the deadline only behind other work: alone on an idle server a request
+            # starts at once, and its batch corrects an estimate that was too pessimistic
+            # (otherwise one slow cold batch could shed short deadlines forever).
+            idle = depth == 0 and not estimate.running()
+            if not idle and wait > min(i.deadline for i in items) - now:
                 metrics.SHED.labels("deadline").inc()
                 raise Overloaded(
                     f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
@@ -138,7 +142,7 @@ class Batcher:
     ) -> None:
         self.settings = settings
         self.queue = WorkQueue(settings.max_queue_size)
-        self.estimate = ServiceTimeEstimate()
+        self.estimate = ServiceTimeEstimate(max_batch_size=settings.max_batch_size)
         self.state = State.LOADING
         self.info: ModelInfo | None = None
         self.heartbeat = time.monotonic()
@@ -200,8 +204,10 @@ class Batcher:
             time.sleep(self.settings.model_load_delay_s)  # test-only: a slow load
         engine = self._engine_factory(self.settings)
         warm_s = warm_up(engine)
-        self.estimate.per_input_s = warm_s / 2
-        self.overhead_tokens = calibrate(engine)
+        cost = calibrate(engine)
+        self.overhead_tokens = cost.overhead_tokens
+        self.estimate.overhead_tokens = cost.overhead_tokens
+        self.estimate.sec_per_token = cost.sec_per_token
         loaded_s = time.monotonic() - started
         self.info = engine.info
         metrics.MODEL_LOAD_SECONDS.set(loaded_s)
@@ -300,14 +306,16 @@ class Batcher:
         for item in live:
             metrics.QUEUE_WAIT.observe(now - item.enqueued_at)
         self.batch_started_at = now
-        self.estimate.batch_started(len(live))
+        padded = len(live) * max(map(_tokens, live))
+        self.estimate.batch_started(len(live), padded)
         try:
             answers = self._answers(engine, live)
         finally:
             self.batch_started_at = None
+            self.estimate.batch_finished()
         took = time.monotonic() - now
         self._last_batch_s = took
-        self.estimate.observe(took, len(live))
+        self.estimate.observe(took, len(live), padded)
         for item, answer in zip(live, answers, strict=True):
             if isinstance(answer, BaseException):
                 item.future.set_exception(answer)

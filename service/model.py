@@ -329,10 +329,18 @@ def _max_input_tokens(pipe: Pipeline) -> int:
     return int(positions or 512)
 
 
-def calibrate(engine: Engine) -> float:
-    """The per-batch overhead in padded-token equivalents (c0 / c1 of `c0 + c1 x padded`),
-    from timing a 1-input batch against a 4 x 64-token batch (best of 3 each), clamped to
-    [8, 4096]. The batch selector trades padding against this overhead."""
+@dataclass(frozen=True)
+class BatchCost:
+    """A batch of `padded` tokens costs `sec_per_token x (overhead_tokens + padded)` seconds."""
+
+    overhead_tokens: float
+    sec_per_token: float
+
+
+def calibrate(engine: Engine) -> BatchCost:
+    """Fit the batch cost model from a 1-input batch and a 4 x 64-token batch, best of 3 each
+    (warm, unlike the first call). The overhead is clamped to [8, 4096] tokens. The selector
+    trades padding against the overhead; admission starts from this model."""
     word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
     small = [engine.prepare("Hi " + word, (), {})]
     large = [engine.prepare(word * 62, (), {}) for _ in range(4)]
@@ -348,8 +356,8 @@ def calibrate(engine: Engine) -> float:
     t_small, p_small = best_of_3(small)
     t_large, p_large = best_of_3(large)
     per_token = max(t_large - t_small, 1e-9) / max(p_large - p_small, 1)
-    overhead = max(t_small - per_token * p_small, 0.0) / per_token
-    return min(max(overhead, 8.0), 4096.0)
+    overhead = min(max(max(t_small - per_token * p_small, 0.0) / per_token, 8.0), 4096.0)
+    return BatchCost(overhead_tokens=overhead, sec_per_token=t_small / (overhead + p_small))
 
 
 def warm_up(engine: Engine) -> float:

@@ -122,7 +122,7 @@ def test_cancelled_and_expired_inputs_are_never_computed(
         items(["late [MASK]"], 0.05),
         items(["ok [MASK]"]),
     )
-    b.estimate.per_input_s, b.estimate.batch_ends_at = 1e-6, 0.0  # admit what will expire
+    b.estimate.sec_per_token, b.estimate.batch_ends_at = 1e-9, 0.0  # admit what will expire
     for group in (gone, expiring, kept):
         b.queue.offer(group, b.estimate)
     assert gone[0].future.cancel()

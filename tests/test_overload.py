@@ -140,12 +140,6 @@ def test_a_stalled_upload_is_answered_503_at_the_drain_end(
     assert seconds <= 0.5 + MARGIN_S
 
 
-@pytest.mark.xfail(
-    reason="bug: batcher.Batcher._load seeds the service-time estimate from the cold warm-up "
-    "(warm_s / 2); on an idle server a request whose deadline is below that seed is shed, no "
-    "batch ever runs to correct it, so clients with short deadlines are refused forever",
-    strict=True,
-)
 def test_an_idle_server_admits_short_deadlines_after_a_cold_warm_up(
     tiny_settings: Callable[..., Settings],
 ) -> None:

@@ -145,8 +145,13 @@ def test_cpu_quota_v1(tmp_path: Path) -> None:
 
 # -- the service-time estimate -------------------------------------------------------------
 def test_estimate_follows_batches_and_predicts_wait() -> None:
-    est = ServiceTimeEstimate(per_input_s=0.1)
-    for _ in range(50):
-        est.observe(0.4, 8)  # 50 ms per input
-    assert est.per_input_s == pytest.approx(0.05, rel=1e-3)
-    assert est.predicted_wait(10) == pytest.approx(0.5, rel=1e-3)
+    est = ServiceTimeEstimate(sec_per_token=1.0, overhead_tokens=100, max_batch_size=8)
+    for _ in range(100):
+        est.observe(0.2, 8, 8 * 50)  # 0.2 s for 8 inputs of 50 padded tokens: 1e-4 s/token
+    assert est.sec_per_token == pytest.approx(0.2 / 500, rel=1e-3)
+    assert est.tokens_per_input == pytest.approx(50, rel=1e-3)
+    assert not est.running() and est.predicted_wait(0) == 0
+    # 10 inputs: 2 batches of overhead and 500 padded tokens
+    assert est.predicted_wait(10) == pytest.approx(4e-4 * (2 * 100 + 10 * 50), rel=1e-3)
+    est.batch_started(8, 400)
+    assert est.running() and est.predicted_wait(0) == pytest.approx(0.2, rel=0.05)
