@@ -90,10 +90,13 @@ def measure_limit(args: argparse.Namespace) -> dict[str, Any]:
         args.batch_sizes,
         "--single",
         str(min(args.inputs, 200)),
+        "--seconds",
+        str(min(args.seconds, 5.0)),
         "--out",
         str(out),
     ]
-    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=900, cwd=servers.REPO_ROOT)
+    with out.with_suffix(".log").open("wb") as log:  # its errors, if any, are there
+        subprocess.run(cmd, check=True, stderr=log, timeout=600, cwd=servers.REPO_ROOT)
     return dict(json.loads(out.read_text(encoding="utf-8")))
 
 

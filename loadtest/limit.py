@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,18 +45,36 @@ def chunks(items: Sequence[str], size: int) -> list[list[str]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
-def throughput(run_batch: Callable[[list[str]], object], batches: list[list[str]]) -> float:
-    """Inputs per second for running every batch once, back to back (wall clock)."""
-    start = time.perf_counter()
+def throughput(
+    run_batch: Callable[[list[str]], object], batches: list[list[str]], budget_s: float
+) -> float:
+    """Inputs per second running the batches back to back (wall clock).
+
+    Stops after the batch that crosses ``budget_s``, so a point costs about that long on any
+    machine; callers pass the batches in an order whose every prefix is a fair sample.
+    """
+    done, start = 0, time.perf_counter()
     for batch in batches:
         run_batch(batch)
-    return sum(map(len, batches)) / (time.perf_counter() - start)
+        done += len(batch)
+        if time.perf_counter() - start >= budget_s:
+            break
+    return done / (time.perf_counter() - start)
 
 
 def measure(
-    inputs: list[str], model_id: str, task: str, batch_sizes: Sequence[int], single_n: int
+    inputs: list[str],
+    model_id: str,
+    task: str,
+    batch_sizes: Sequence[int],
+    single_n: int,
+    budget_s: float,
 ) -> dict[str, Any]:
-    """Measure (a), (b) and single-call latency; returns the JSON-ready result."""
+    """Measure (a), (b) and single-call latency, about ``budget_s`` seconds per point.
+
+    (a) takes the inputs in their (random) order; (b) sorts them by token length, cuts batches,
+    and runs those batches in a seeded random order so that a time-bounded prefix mixes lengths.
+    """
     import torch
     from transformers import pipeline
 
@@ -74,14 +93,21 @@ def measure(
     run_pipeline(inputs[:8])  # warm up: first calls allocate and pick kernels
     run_model(inputs[:8])
     single: list[float] = []
+    until = time.perf_counter() + budget_s
     for text in inputs[:single_n]:
         start = time.perf_counter()
         pipe(text)
         single.append((time.perf_counter() - start) * 1000)
+        if start > until:
+            break
     lengths = [len(ids) for ids in tok(inputs)["input_ids"]]
     by_length = [text for _, text in sorted(zip(lengths, inputs, strict=True))]
-    result_a = {bs: throughput(run_pipeline, chunks(inputs, bs)) for bs in batch_sizes}
-    result_b = {bs: throughput(run_model, chunks(by_length, bs)) for bs in batch_sizes}
+    result_a = {bs: throughput(run_pipeline, chunks(inputs, bs), budget_s) for bs in batch_sizes}
+    result_b = {}
+    for bs in batch_sizes:
+        sorted_batches = chunks(by_length, bs)
+        random.Random(bs).shuffle(sorted_batches)
+        result_b[bs] = throughput(run_model, sorted_batches, budget_s)
     return {
         "model": model_id,
         "task": task,
@@ -113,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     parser.add_argument("--single", type=int, default=200, help="inputs timed one at a time")
+    parser.add_argument("--seconds", type=float, default=5.0, help="time budget per point")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--task", default=os.environ.get("TASK", "feature-extraction"))
     parser.add_argument("--out", type=Path, help="write JSON here instead of stdout")
@@ -123,7 +150,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     result = measure(
-        mixed_inputs(args.inputs, args.seed), default_model(), args.task, sizes, args.single
+        mixed_inputs(args.inputs, args.seed),
+        default_model(),
+        args.task,
+        sizes,
+        args.single,
+        args.seconds,
     )
     text = json.dumps(result, indent=2)
     if args.out:
