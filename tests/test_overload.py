@@ -1,11 +1,13 @@
 """Overload and deadlines (issue 3): shed at admission with an honest Retry-After, 504 at the
 deadline, expired inputs never computed; C15 against the real server.
 
-Timing margin: a 504 must reach the client within its deadline plus `MARGIN_S`, measured from
-the request being on the wire. The margin covers the event loop's scheduling and the client's
-own delay in reading the answer (client and server share 2 cores here, and the server's loop
-shares the GIL with the inference thread); it is far below any batch's length in these tests,
-so an answer that waited for its batch instead of its deadline fails.
+Timing margin: an answer is due by its deadline plus `MARGIN_S` (0.5 s). In-process, that is
+measured from the request being on the wire, and the batches last 2 s against 1 s deadlines, so
+an answer that waited for its batch instead of its deadline is a second late and fails. In the
+C15 burst it is the server's own latency for each request id (its log line): with 320
+connections the test client, on the same 2 cores, can itself be a second late reading an answer.
+The margin covers the event loop's scheduling under that burst (it shares the cores, and the
+GIL with the inference thread).
 """
 
 from __future__ import annotations
