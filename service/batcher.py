@@ -14,6 +14,7 @@ breaks, every waiter is resolved (infinity's model thread is the counter-example
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import deque
@@ -151,6 +152,8 @@ class Batcher:
         self._engine_factory = engine_factory
         self._stop = threading.Event()
         self._pool: list[Item] = []  # prepared, waiting for a batch; thread-only
+        self._running: list[Item] = []  # the batch in the pipeline now; thread-only
+        self.failure = ""  # why the state is FAILED, for /livez
         self.overhead_tokens = 64.0  # per-batch overhead in padded tokens; calibrated at load
         self._last_batch_s = 0.0
         self._thread = threading.Thread(target=self._main, name="inference", daemon=True)
@@ -168,7 +171,7 @@ class Batcher:
     def live(self) -> tuple[bool, str]:
         """Liveness: the thread runs (loading counts) and no batch runs past LIVENESS_STALL_S."""
         if self.state is State.FAILED:
-            return False, "model failed to load"
+            return False, self.failure
         if not self._thread.is_alive() and self.state is not State.STOPPED:
             return False, "inference thread is not running"
         started = self.batch_started_at
@@ -182,6 +185,7 @@ class Batcher:
             engine = self._load()
         except Exception:
             log.exception("model_load_failed")
+            self.failure = "model failed to load"
             self.state = State.FAILED
             metrics.READY.set(0)
             self._fail_all(lambda: Draining("the model failed to load", retry_after_s=30))
@@ -191,7 +195,12 @@ class Batcher:
                 self._step(engine)
         except BaseException:  # a bug in our loop: resolve every waiter, never leave them
             log.exception("inference_thread_crashed")
+            self.failure = "inference thread crashed"
             self.state = State.FAILED
+            metrics.READY.set(0)
+            for item in self._running:  # already marked running: only we can answer them
+                if not item.future.done():
+                    item.future.set_exception(InferenceFailed("the inference thread failed"))
             raise
         finally:
             if self.state is not State.FAILED:
@@ -205,6 +214,11 @@ class Batcher:
         engine = self._engine_factory(self.settings)
         warm_s = warm_up(engine)
         cost = calibrate(engine)
+        # Move the millions of objects torch and transformers made at import and load out of
+        # the collector's reach: full collections then scan only what serving allocates,
+        # instead of pausing the event loop for a few hundred ms (gc.freeze, Python 3.7+).
+        gc.collect()
+        gc.freeze()
         self.overhead_tokens = cost.overhead_tokens
         self.estimate.overhead_tokens = cost.overhead_tokens
         self.estimate.sec_per_token = cost.sec_per_token
@@ -308,11 +322,13 @@ class Batcher:
         self.batch_started_at = now
         padded = len(live) * max(map(_tokens, live))
         self.estimate.batch_started(len(live), padded)
+        self._running = live  # kept if a BaseException escapes: _main answers them
         try:
             answers = self._answers(engine, live)
         finally:
             self.batch_started_at = None
             self.estimate.batch_finished()
+        self._running = []
         took = time.monotonic() - now
         self._last_batch_s = took
         self.estimate.observe(took, len(live), padded)

@@ -112,11 +112,6 @@ def test_livez_503_when_the_inference_thread_died(stuck: tuple[Served, Recorder]
     assert after.status_code == 503 and int(after.headers["retry-after"]) >= 1
 
 
-@pytest.mark.xfail(
-    reason="bug: batcher.Batcher._main resolves the pool and the queue when the thread dies, "
-    "but not the batch that was running: its waiters hang until their own deadline (504)",
-    strict=True,
-)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_the_batch_that_killed_the_thread_is_answered_at_once(
     stuck: tuple[Served, Recorder],
