@@ -327,9 +327,11 @@ def test_c16_c17_slow_load_is_not_restarted_and_probes_tell_the_truth(
     assert loading[-1][0] > ready_logged - 2  # polled through the whole load
     first_live = next(i for i, x in enumerate(loading) if x[1] == "livez")
     assert all(x[1] == "connect" for x in loading[:first_live])  # only before gunicorn listens
-    for _, what, status, retry_after in loading[first_live:]:
+    for sent, what, status, retry_after in loading[first_live:]:
         if what == "livez":
             assert status == 200
+        elif status == 200:  # sent just before the model was ready, answered just after
+            assert sent > ready_logged - 1.0, (sent, ready_logged, what)
         else:
             assert what in ("readyz", "infer") and status == 503
             assert retry_after is not None and int(retry_after) >= 1

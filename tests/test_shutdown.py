@@ -149,6 +149,10 @@ def test_sigterm_under_load_loses_nothing(
         stop_at = time.monotonic() + 15
         clients = [asyncio.create_task(client_loop(c, stop_at)) for c in range(40)]
         await asyncio.to_thread(_wait_depth, server, 200)  # the queue is full of work
+        for _ in range(200):  # and work is being answered (bounded: 10 s on a slow machine)
+            if any(o.status == 200 for o in outcomes):
+                break
+            await asyncio.sleep(0.05)
         server.proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         await asyncio.gather(*clients)
