@@ -19,8 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import metrics
 from service.batcher import Batcher
 from service.errors import MethodNotAllowed, NotFound, ServiceError
+from service.loading import load_engine
 from service.log import configure_logging
-from service.model import load_engine
 from service.routes import ROUTES, json_response
 from service.runtime import Runtime
 from service.settings import Settings, load_settings

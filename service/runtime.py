@@ -20,12 +20,13 @@ import structlog
 from starlette.requests import ClientDisconnect, Request
 
 from service import metrics
-from service.batcher import Batcher, Item, State
+from service.batcher import Batcher, State
 from service.errors import DeadlineExceeded, Draining, NotReady, ServiceError
 from service.model import ModelInfo
 from service.params import params_key
 from service.schemas import read_body
 from service.settings import Settings
+from service.work_queue import Item
 
 log = structlog.get_logger("service.runtime")
 

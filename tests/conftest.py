@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from helpers import ServerProcess, app_client
 from models import build
 
-from service.model import default_model_dir
+from service.loading import default_model_dir
 
 TASKS = ("fill-mask", "text-classification", "token-classification")
 

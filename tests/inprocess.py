@@ -1,6 +1,6 @@
 """In-process helpers for the overload, deadline and disconnect tests.
 
-`Recorder` wraps `service.model.load_engine` so a test sees which texts reached the pipeline
+`Recorder` wraps `service.loading.load_engine` so a test sees which texts reached the pipeline
 (`Engine.run`) and can make batches slow or stuck. `serve()` runs the app under a real uvicorn
 server in a thread on 127.0.0.1, so a client can really disconnect (TestClient cannot).
 """
@@ -21,7 +21,8 @@ from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 
 from service.app import create_app
-from service.model import Engine, load_engine
+from service.loading import load_engine
+from service.model import Engine
 from service.settings import Settings
 
 

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from service.batcher import Batcher, Item, State
+from service.batcher import Batcher, State
 from service.errors import DeadlineExceeded, InferenceFailed, Overloaded
-from service.model import Engine, Prepared, load_engine
+from service.loading import load_engine
+from service.model import Engine, Prepared
 from service.params import params_key
 from service.settings import Settings
+from service.work_queue import Item
 
 
 class RecordingEngine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.model import load_engine
+from service.loading import load_engine
 from service.settings import Settings, SettingsError, load_settings
 
 TEXTS = ["A man is playing a guitar.", "The stock market fell sharply today, analysts said."]

@@ -34,7 +34,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from service.model import default_model_dir
+from service.loading import default_model_dir
 
 from .helm import Manifest, container_env, only, render, server_container
 

@@ -1,0 +1,104 @@
+"""The hand-off from the event loop to the inference thread, bounded in inputs.
+
+`WorkQueue.offer` is admission: it sheds (503) before any work when the queue is full or the
+predicted wait exceeds the request's deadline; the lock is held only for list operations, so
+the event loop never waits on inference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from service import metrics
+from service.admission import ServiceTimeEstimate
+from service.errors import Overloaded
+from service.model import Prepared
+from service.params import Hashable
+
+
+@dataclass(eq=False, kw_only=True)
+class Item:
+    """One input of one request. `future` resolves to the pipeline's answer or a ServiceError."""
+
+    text: str
+    params: dict[str, Any]
+    key: Hashable
+    deadline: float  # time.monotonic() seconds
+    enqueued_at: float = field(default_factory=time.monotonic)
+    future: Future[Any] = field(default_factory=Future)
+    cancel_reason: str = "client_disconnect"  # set by the loop before it cancels the future
+    prepared: Prepared | None = None
+    passed_over: int = 0  # batches formed from its parameter group without it
+
+
+class WorkQueue:
+    """Items handed from the loop to the thread, bounded in inputs (MAX_QUEUE_SIZE).
+
+    `depth` counts every input waiting: handed over but not yet in a running batch. The lock
+    is held only for list operations, so the event loop never waits on inference.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._new: deque[Item] = deque()
+        self._depth = 0
+        self._cond = threading.Condition()
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
+        """Queue all of `items` or none: raise `Overloaded` when full or too slow for them.
+
+        Shedding happens here, before any work (TEI's `try_acquire_permit`): a request that
+        would wait past its deadline is refused now instead of expiring in the queue.
+        """
+        now = time.monotonic()
+        with self._cond:
+            depth, n = self._depth, len(items)
+            if depth + n > self.capacity:
+                metrics.SHED.labels("queue_full").inc()
+                raise Overloaded(
+                    f"queue full ({depth} of {self.capacity} inputs waiting); retry later",
+                    retry_after_s=estimate.predicted_wait(depth),
+                )
+            wait = estimate.predicted_wait(depth + n)
+            # Shed for the deadline only behind other work: alone on an idle server a request
+            # starts at once, and its batch corrects an estimate that was too pessimistic
+            # (otherwise one slow cold batch could shed short deadlines forever).
+            idle = depth == 0 and not estimate.running()
+            if not idle and wait > min(i.deadline for i in items) - now:
+                metrics.SHED.labels("deadline").inc()
+                raise Overloaded(
+                    f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
+                    retry_after_s=estimate.predicted_wait(depth),
+                )
+            self._new.extend(items)
+            self._depth += n
+            metrics.QUEUE_DEPTH.set(self._depth)
+            self._cond.notify()
+
+    def take_new(self, timeout: float) -> list[Item]:
+        """Everything handed over since the last call; block up to `timeout` s for the first."""
+        with self._cond:
+            if not self._new and timeout > 0:
+                self._cond.wait(timeout)
+            taken = list(self._new)
+            self._new.clear()
+            return taken
+
+    def release(self, n: int) -> None:
+        """`n` inputs left the waiting set (started, answered with an error, or dropped)."""
+        with self._cond:
+            self._depth -= n
+            metrics.QUEUE_DEPTH.set(self._depth)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
