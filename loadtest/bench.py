@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest import client, report, servers
+from loadtest import client, cpu, report, servers
 from loadtest.corpus import mixed_inputs
 from loadtest.stats import latency_summary
 
@@ -64,6 +64,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "({port} is replaced; it must serve /readyz)",
     )
     p.add_argument("--no-baseline", action="store_true", help="skip the seed server")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="first wait up to S seconds until other processes leave the CPU idle",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "bench.json")
     p.add_argument("--plot", type=Path, default=RESULTS / "bench.png")
     args = p.parse_args(argv)
@@ -132,10 +139,12 @@ async def closed_levels(
     """Closed-loop summary per concurrency level (1 s warm-up each)."""
     out: dict[int, dict[str, Any]] = {}
     for n in levels:
+        before = cpu.snapshot()
         out[n] = (await client.closed_loop(base, reqs, n, seconds)).summary()
+        out[n]["other_cpu"] = cpu.foreign_share(before, cpu.snapshot())
         print(
-            f"  {n:>3} clients: {out[n]['inputs_per_s']:8.1f} inputs/s  "
-            f"p50 {out[n]['p50_ms']:7.1f} ms",
+            f"  {n:>3} clients: {out[n]['inputs_per_s']:8.1f} per s  "
+            f"p50 {out[n]['p50_ms']:7.1f} ms  (other processes: {out[n]['other_cpu']:.0%} CPU)",
             flush=True,
         )
     return out
@@ -207,8 +216,10 @@ async def overload(
     }
     print(f"overload (capacity {capacity:.1f}/s, deadline {args.deadline_s:g} s):", flush=True)
     for mult in args.overload:
+        before = cpu.snapshot()
         run = await client.open_loop(base, timed, mult * capacity, args.seconds)
         out["runs"][mult] = run.summary(deadline_s=args.deadline_s)
+        out["runs"][mult]["other_cpu"] = cpu.foreign_share(before, cpu.snapshot())
         print(
             f"  {mult:g}x: goodput {out['runs'][mult]['goodput_per_s']:.1f}/s  shed "
             f"{out['runs'][mult]['shed_rate']:.0%}",
@@ -231,13 +242,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run everything, print the table and ratios, write JSON and the plot."""
     args = parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.wait_quiet:
+        waited = cpu.wait_quiet(args.wait_quiet)
+        print(f"waited {waited:.0f} s for a quiet machine", flush=True)
     started = time.monotonic()
+    machine = report.machine()
     print(f"limit: {args.inputs} inputs, batch sizes {args.batch_sizes} ...", flush=True)
+    before = cpu.snapshot()
     limit = measure_limit(args)
+    limit["other_cpu"] = cpu.foreign_share(before, cpu.snapshot())
+    print(
+        f"  limit (a) {limit['limit_a']:.1f}/s, (b) {limit['limit_b']:.1f}/s  "
+        f"(other processes: {limit['other_cpu']:.0%} CPU)",
+        flush=True,
+    )
     reqs = [client.raw_text(text) for text in mixed_inputs(args.inputs)]
     result: dict[str, Any] = {
         "args": {k: str(v) for k, v in vars(args).items()},
-        "machine": report.machine(),
+        "machine": machine,
         "limit": limit,
         "server": asyncio.run(bench_server(args, reqs)),
     }

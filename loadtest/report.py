@@ -78,6 +78,11 @@ def _ms(value: Any) -> str:
     )
 
 
+def _share(point: dict[str, Any]) -> str:
+    """Share of the machine's CPU that other processes used during a point ("-" if unknown)."""
+    return f"{point['other_cpu']:.0%}" if "other_cpu" in point else "-"
+
+
 def _count(statuses: dict[Any, int], code: int) -> int:
     """Answers with ``code``; keys are ints in process and strings after a JSON round trip."""
     return sum(n for status, n in statuses.items() if int(status) == code)
@@ -86,7 +91,8 @@ def _count(statuses: dict[Any, int], code: int) -> int:
 def _closed_rows(name: str, closed: dict[Any, dict[str, Any]], per_s: str) -> list[str]:
     return [
         f"| {name} | {n} | {r[per_s]:.1f} | {_ms(r['p50_ms'])} | {_ms(r['p95_ms'])} "
-        f"| {_ms(r['p99_ms'])} | {r['requests'] - _count(r['statuses'], 200)} |"
+        f"| {_ms(r['p99_ms'])} | {r['requests'] - _count(r['statuses'], 200)} "
+        f"| {_share(r)} |"
         for n, r in closed.items()
     ]
 
@@ -112,13 +118,14 @@ def table(result: dict[str, Any]) -> str:
         + " | ".join(f"{v:.1f}" for v in lim["model_sorted_batches"].values())
         + " |",
         "",
+        f"Other processes used {_share(lim)} of the CPU during the limit measurement. "
         f"Direct single pipeline call: p50 {lim['single_call_ms']['p50']:.1f} ms, "
         f"p99 {lim['single_call_ms']['p99']:.1f} ms.",
         "",
         "Closed loop (the client floor row counts /livez answers per second, not inputs):",
         "",
-        "| system | clients | inputs/s | p50 ms | p95 ms | p99 ms | non-200 |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| system | clients | inputs/s | p50 ms | p95 ms | p99 ms | non-200 | other CPU |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
         *_closed_rows("client floor (/livez)", srv["floor"], "requests_per_s"),
         *_closed_rows("pipeline-server", srv["closed"], "inputs_per_s"),
         *(
@@ -144,8 +151,9 @@ def _overload_rows(over: dict[str, Any]) -> list[str]:
         f"{over['deadline_s']:g} s; client floor at the top rate: /livez p50 "
         f"{_ms(over['floor']['p50_ms'])} / p99 {_ms(over['floor']['p99_ms'])} ms):",
         "",
-        "| offered | goodput/s | shed | p99 accepted ms | shed p50 ms | shed p99 ms | other |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| offered | goodput/s | shed | p99 accepted ms | shed p50 ms | shed p99 ms "
+        "| other answers | other CPU |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     rows = []
     for mult, r in over["runs"].items():
@@ -153,6 +161,6 @@ def _overload_rows(over: dict[str, Any]) -> list[str]:
         rows.append(
             f"| {mult:g}x | {r['goodput_per_s']:.1f} | {r['shed_rate']:.1%} | "
             f"{_ms(r['p99_ms'])} | {_ms(r['shed_p50_ms'])} | {_ms(r['shed_p99_ms'])} | "
-            f"{other + r['dropped']} |"
+            f"{other + r['dropped']} | {_share(r)} |"
         )
     return head + rows

@@ -1,0 +1,72 @@
+"""How much CPU other processes took during a measurement, and waiting for a quiet machine.
+
+The client, the server and the limit run on the same 2 cores; anything else running there (a
+build, another test suite) slows the server and the limit by different amounts and spoils the
+ratios. Every benchmark point therefore records the share of the machine's CPU that processes
+outside this benchmark's own tree (itself, its servers, its limit subprocess) used meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psutil  # type: ignore[import-untyped]  # no stubs unless types-psutil
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Wall clock (s), CPU seconds busy on the whole machine, and used by our process tree."""
+
+    wall_s: float
+    machine_busy_s: float
+    own_s: float
+
+
+def _own_cpu_s() -> float:
+    me = psutil.Process()
+    times = me.cpu_times()  # includes children already waited for (the limit subprocess)
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in me.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+            total += child_times.user + child_times.system
+        except psutil.Error:  # it exited between listing and reading
+            pass
+    return float(total)
+
+
+def snapshot() -> Snapshot:
+    """CPU counters now."""
+    cpu = psutil.cpu_times()
+    busy = sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
+    return Snapshot(time.monotonic(), busy, _own_cpu_s())
+
+
+def foreign_share(before: Snapshot, after: Snapshot) -> float:
+    """Share (0-1) of the machine's CPU capacity used by other processes between two snapshots.
+
+    Children that exit without being waited for are not counted as ours, so the figure can only
+    overstate foreign use, never hide it.
+    """
+    wall = after.wall_s - before.wall_s
+    if wall <= 0:
+        return 0.0
+    foreign = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
+    return max(0.0, foreign / (wall * (psutil.cpu_count() or 1)))
+
+
+def wait_quiet(max_wait_s: float, below: float = 0.10, calm_s: float = 5.0) -> float:
+    """Wait until the machine's CPU use stays under ``below`` (0-1) for ``calm_s`` seconds.
+
+    Gives up after ``max_wait_s``; returns the seconds waited. Meant to run before anything of
+    the benchmark's own is running.
+    """
+    start = time.monotonic()
+    calm_since = start
+    while time.monotonic() - start < max_wait_s:
+        if psutil.cpu_percent(interval=1.0) / 100 >= below:
+            calm_since = time.monotonic()
+        elif time.monotonic() - calm_since >= calm_s:
+            break
+    return time.monotonic() - start
