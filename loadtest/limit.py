@@ -12,6 +12,7 @@ Throughputs are inputs per second; latencies are milliseconds.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from loadtest import cpu
 from loadtest.corpus import mixed_inputs
 from loadtest.stats import percentile
 
@@ -69,11 +71,14 @@ def measure(
     batch_sizes: Sequence[int],
     single_n: int,
     budget_s: float,
+    quiet: cpu.Quiet,
 ) -> dict[str, Any]:
     """Measure (a), (b) and single-call latency, about ``budget_s`` seconds per point.
 
     (a) takes the inputs in their (random) order; (b) sorts them by token length, cuts batches,
     and runs those batches in a seeded random order so that a time-bounded prefix mixes lengths.
+    A point disturbed by other processes is measured again (``quiet``); their CPU share during
+    each kept point is reported beside it.
     """
     import torch
     from transformers import pipeline
@@ -92,22 +97,34 @@ def measure(
 
     run_pipeline(inputs[:8])  # warm up: first calls allocate and pick kernels
     run_model(inputs[:8])
-    single: list[float] = []
-    until = time.perf_counter() + budget_s
-    for text in inputs[:single_n]:
-        start = time.perf_counter()
-        pipe(text)
-        single.append((time.perf_counter() - start) * 1000)
-        if start > until:
-            break
+
+    def single_calls() -> list[float]:
+        out: list[float] = []
+        until = time.perf_counter() + budget_s
+        for text in inputs[:single_n]:
+            start = time.perf_counter()
+            pipe(text)
+            out.append((time.perf_counter() - start) * 1000)
+            if start > until:
+                break
+        return out
+
+    other: dict[str, float] = {}
+    single, other["single"], _ = cpu.least_disturbed(single_calls, quiet)
     lengths = [len(ids) for ids in tok(inputs)["input_ids"]]
     by_length = [text for _, text in sorted(zip(lengths, inputs, strict=True))]
-    result_a = {bs: throughput(run_pipeline, chunks(inputs, bs), budget_s) for bs in batch_sizes}
-    result_b = {}
+    result_a: dict[int, float] = {}
+    result_b: dict[int, float] = {}
     for bs in batch_sizes:
+        in_order = chunks(inputs, bs)
+        result_a[bs], other[f"a{bs}"], _ = cpu.least_disturbed(
+            functools.partial(throughput, run_pipeline, in_order, budget_s), quiet
+        )
         sorted_batches = chunks(by_length, bs)
         random.Random(bs).shuffle(sorted_batches)
-        result_b[bs] = throughput(run_model, sorted_batches, budget_s)
+        result_b[bs], other[f"b{bs}"], _ = cpu.least_disturbed(
+            functools.partial(throughput, run_model, sorted_batches, budget_s), quiet
+        )
     return {
         "model": model_id,
         "task": task,
@@ -123,6 +140,8 @@ def measure(
             "p99": percentile(single, 99),
             "n": len(single),
         },
+        "other_cpu_by_point": other,
+        "other_cpu": max(other.values()),
         "pipeline_batches": result_a,
         "model_sorted_batches": result_b,
         "limit_a": max(result_a.values()),
@@ -140,6 +159,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     parser.add_argument("--single", type=int, default=200, help="inputs timed one at a time")
     parser.add_argument("--seconds", type=float, default=5.0, help="time budget per point")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=cpu.Quiet().max_other_cpu,
+        help="re-measure a point when other processes took more of the CPU (0-1)",
+    )
+    parser.add_argument("--retries", type=int, default=cpu.Quiet().retries)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--task", default=os.environ.get("TASK", "feature-extraction"))
     parser.add_argument("--out", type=Path, help="write JSON here instead of stdout")
@@ -156,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sizes,
         args.single,
         args.seconds,
+        cpu.Quiet(args.max_other_cpu, args.retries),
     )
     text = json.dumps(result, indent=2)
     if args.out:

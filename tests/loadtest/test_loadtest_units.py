@@ -183,3 +183,19 @@ def test_report_ratios_table_and_plot(tmp_path: Path) -> None:
     assert "| pipeline-server | 16 |" in text and "| 4x | 90.0 | 50.0% |" in text
     plot(result, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_disturbed_points_are_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loadtest import cpu
+
+    shares = iter([0.5, 0.3, 0.05, 0.9])
+    waits: list[float] = []
+    monkeypatch.setattr(cpu, "foreign_share", lambda before, after: next(shares))
+    monkeypatch.setattr(cpu, "wait_quiet", waits.append)
+    results = iter(["first", "second", "third"])
+    quiet = cpu.Quiet(max_other_cpu=0.1, retries=2, wait_s=7)
+    assert cpu.least_disturbed(lambda: next(results), quiet) == ("third", 0.05, 3)
+    assert waits == [7, 7]
+    results = iter(["only"])
+    never = cpu.Quiet(max_other_cpu=0.1, retries=0)
+    assert cpu.least_disturbed(lambda: next(results), never) == ("only", 0.9, 1)
