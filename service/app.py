@@ -111,7 +111,9 @@ async def _on_service_error(request: Request, exc: Exception) -> Response:
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return _error_body(request, MethodNotAllowed(f"{request.method} is not allowed here"))
+        allowed = dict(exc.headers or {})
+        error = MethodNotAllowed(f"{request.method} is not allowed here", headers=allowed)
+        return _error_body(request, error)
     return _error_body(request, NotFound(f"no route {request.url.path}"))
 
 
@@ -140,6 +142,8 @@ def create_app(settings: Settings | None = None, engine_factory: Any = load_engi
             HTTPException: _on_http_error,
         },
     )
+    # No 307 from /readyz/ to /readyz: the redirect echoes the client's Host header.
+    app.router.redirect_slashes = False
     app.add_middleware(RequestContext)
     app.state.runtime = runtime
     return app

@@ -1,15 +1,16 @@
-"""The queue and the inference thread: admission, batch formation, and resolving futures.
+"""The inference thread: loading, batch formation, running batches, resolving futures.
 
 One thread owns the model. It loads and warms it up, then loops: block for the first queued
-input, take what is already queued (up to MAX_BATCH_SIZE, one parameter set per batch), wait
-at most MAX_BATCH_WAIT_MS from the first item's dequeue (default 0: an idle server starts at
-once), drop what was cancelled or expired, run the pipeline once, and resolve each future.
+input, tokenize what arrived, pick the next batch from everything waiting (padding-aware, one
+parameter set, at most MAX_BATCH_SIZE: `service.selection`), wait at most MAX_BATCH_WAIT_MS
+from the first item's dequeue (default 0: an idle server starts at once), drop what was
+cancelled or expired, run the pipeline once, and resolve each future.
 
 Results cross back through one `concurrent.futures.Future` per input, awaited on the loop with
-`asyncio.wrap_future`; `set_running_or_notify_cancel()` tells the thread a waiter left (see
-STYLE.md). The thread never touches asyncio objects, and never dies from a model error: a
-failing batch is split so that only the failing input gets the error. If the loop itself
-breaks, every waiter is resolved (infinity's model thread is the counter-example).
+`asyncio.wrap_future`; `set_running_or_notify_cancel()` tells the thread a waiter left. The
+thread never touches asyncio objects, and never dies from a model error: a failing batch is
+split so that only the failing input gets the error. If the loop itself breaks, every waiter
+is resolved (infinity's model thread is the counter-example).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Error types with data (status, error_type, headers), and the one place that maps them to HTTP.
 
-Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (DESIGN.md, Errors).
+Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (README, Errors).
 Messages are for humans and never hold paths, exception text from the model, or stack traces.
 """
 

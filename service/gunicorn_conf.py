@@ -2,7 +2,7 @@
 
 One worker: one model per process (and per pod). The drain time after SIGTERM and gunicorn's
 graceful timeout agree: gunicorn waits DRAIN_TIMEOUT_S plus a margin before it kills the
-worker, so the app answers everything it accepted first (DESIGN.md, Shutdown).
+worker, so the app answers everything it accepted first (README, Overload, deadlines and shutdown).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ bind = [
     else f"{_settings.host}:{_settings.port}"
 ]
 workers = 1
-worker_class = "uvicorn_worker.UvicornWorker"
+worker_class = "service.worker.Worker"  # uvicorn, with a bounded request head
 # The event loop never blocks on the model (it loads and runs in the inference thread), so
 # gunicorn's default heartbeat timeout holds even for loads far longer than it.
 timeout = 30

@@ -136,7 +136,7 @@ class Engine:
         if n_tokens > limit:
             raise InvalidInput(
                 f"input is {n_tokens} tokens; this model takes at most {limit} tokens "
-                "(send parameters.truncation=true to cut it, or shorten the input)"
+                "(shorten it, or send JSON with parameters.truncation=true to cut it)"
             )
 
     # -- per batch ----------------------------------------------------------------------
@@ -187,7 +187,7 @@ class Engine:
 
     def _cut_padding(self, output: Any, n_tokens: int) -> Any:
         """Feature-extraction: a padded batch gives each input the longest input's token rows;
-        keep this input's own rows (DESIGN.md: transformers 5 pads batched answers)."""
+        keep this input's own rows (transformers 5 pads batched answers)."""
         hidden = output[0]
         if hidden.shape[1] == n_tokens:
             return output
@@ -240,5 +240,3 @@ def warm_up(engine: Engine) -> float:
     started = time.perf_counter()
     engine.run([engine.prepare(t, (), {}) for t in texts])
     return time.perf_counter() - started
-
-

@@ -1,6 +1,6 @@
 """Per-task allow-lists of user-facing pipeline parameters, validated on the event loop.
 
-Only arguments a client may sensibly choose are accepted (DESIGN.md: never `batch_size`,
+Only arguments a client may sensibly choose are accepted (never `batch_size`,
 `num_workers`, `device` or `return_tensors`). Validation is strict: `"5"` and `2.5` are not an
 integer `top_k`. `null` means "the pipeline's default", as if the key were absent.
 """
@@ -89,7 +89,9 @@ def validate_parameters(task: str, raw: object) -> dict[str, Any]:
         model = PARAMS_BY_TASK[task].model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        path = ".".join(str(p) for p in ("parameters", *err["loc"]))
+        # Drop pydantic's union-member tags (`targets.str`, `targets.list[str]`) from the path.
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p == "str"))]
+        path = ".".join(str(p) for p in ("parameters", *loc))
         msg = str(err["msg"]).removeprefix("Value error, ")
         raise InvalidInput(f"{path}: {msg}") from None
     return model.model_dump(exclude_none=True)

@@ -47,7 +47,10 @@ def require_api_key(request: Request) -> None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        raise Unauthorized("missing or wrong API key: send Authorization: Bearer <key>")
+        raise Unauthorized(
+            "missing or wrong API key: send Authorization: Bearer <key>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 def _check_inputs(inputs: list[str], info: ModelInfo, is_list: bool) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 import signal
 import time
 from types import FrameType
@@ -30,7 +31,8 @@ from service.work_queue import Item
 
 log = structlog.get_logger("service.runtime")
 
-_LOADING_RETRY_S = 5  # Retry-After while the model loads or the pod drains (fixed, DESIGN.md)
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")  # a plain decimal: no inf, nan, 1e309, 1_0
+_LOADING_RETRY_S = 5  # Retry-After while the model loads or the pod drains (a fixed value)
 
 
 class ClientGone(Exception):
@@ -51,7 +53,7 @@ class Runtime:
         """Start the inference thread and chain a SIGTERM hook in front of the server's own.
 
         uvicorn's handler stops the listener and waits for open requests; ours first turns
-        readiness off and starts the drain clock (DESIGN.md, Shutdown).
+        readiness off and starts the drain clock (README, Overload, deadlines and shutdown).
         """
         loop = asyncio.get_running_loop()
         self._drain_over = asyncio.Event()
@@ -85,7 +87,12 @@ class Runtime:
         log.info("draining", drain_timeout_s=drain_s, queue_depth=self.batcher.queue.depth)
 
     async def stop(self) -> None:
-        await asyncio.to_thread(self.batcher.stop, self.settings.drain_timeout_s + 5)
+        """Stop the thread; after SIGTERM, only until shortly after the drain ends (gunicorn
+        kills the worker DRAIN_TIMEOUT_S + 5 s after SIGTERM: shut down cleanly before that)."""
+        budget = self.settings.drain_timeout_s + 5
+        if self._drain_ends_at is not None:
+            budget = max(0.5, self._drain_ends_at + 3 - time.monotonic())
+        await asyncio.to_thread(self.batcher.stop, budget)
 
     # -- probes --------------------------------------------------------------------------
     def live(self) -> tuple[bool, str]:
@@ -115,9 +122,10 @@ class Runtime:
         info = self.batcher.info
         if self.batcher.state is not State.READY or info is None:
             metrics.SHED.labels("not_ready").inc()
-            raise NotReady(
-                f"the model is {self.batcher.state.value}", retry_after_s=_LOADING_RETRY_S
+            why = {State.LOADING: "the model is still loading"}.get(
+                self.batcher.state, self.batcher.failure or "the model is not serving"
             )
+            raise NotReady(why, retry_after_s=_LOADING_RETRY_S)
         return info
 
     def deadline(self, request: Request) -> float:
@@ -127,13 +135,9 @@ class Runtime:
         timeout = self.settings.request_timeout_s
         asked = request.headers.get("x-request-timeout")
         if asked is not None:
-            try:
-                value = float(asked)
-            except ValueError:
-                raise BadRequest("X-Request-Timeout must be a number of seconds") from None
-            if not value > 0 or value != value:
+            if not _SECONDS.fullmatch(asked.strip()) or not float(asked) > 0:
                 raise BadRequest("X-Request-Timeout must be a positive number of seconds")
-            timeout = min(timeout, value)
+            timeout = min(timeout, float(asked))  # more than REQUEST_TIMEOUT_S is capped
         return time.monotonic() + timeout
 
     async def receive(self, request: Request, deadline: float) -> bytes:
@@ -185,8 +189,10 @@ class Runtime:
                 waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if results in done:
-                if results.exception() is not None:  # one input failed: the request is over,
+                failed = results.exception()
+                if failed is not None:  # one input failed: the request is over,
                     self._abandon(items, "request_failed")  # so its other inputs cost nothing
+                    _name_the_input(items, failed)
                 return results.result()
             reason, error = self._why_stopped(gone in done, drain_over in done)
             self._abandon(items, reason)
@@ -213,6 +219,17 @@ class Runtime:
         if drain_over:
             return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
         return "deadline", DeadlineExceeded("the request deadline passed before its answer")
+
+
+def _name_the_input(items: list[Item], failed: BaseException) -> None:
+    """In a list request, prefix a 4xx message with the failing input's path (`inputs[2]`)."""
+    if len(items) < 2 or not isinstance(failed, ServiceError) or failed.status >= 500:
+        return
+    for index, item in enumerate(items):
+        future = item.future
+        if future.done() and not future.cancelled() and future.exception() is failed:
+            failed.message = f"inputs[{index}]: {failed.message}"
+            return
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -1,6 +1,6 @@
 """Parse a request body into inputs and parameters: size limits, content types, UTF-8, types.
 
-No sniffing (DESIGN.md): JSON needs a JSON content type; text/plain, form-urlencoded (what
+No sniffing: JSON needs a JSON content type; text/plain, form-urlencoded (what
 `curl -d` sends), octet-stream or no content type make the whole body one input string.
 """
 

@@ -1,6 +1,6 @@
 """Settings: read once from unprefixed environment variables (as TEI does), validated, frozen.
 
-Names and defaults are the contract in DESIGN.md's configuration table. A bad value stops the
+Names and defaults are the README's configuration table. A bad value stops the
 start with one line naming the variable (`SettingsError`).
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.params import SUPPORTED_TASKS, TASK_ALIASES
 
 
 class SettingsError(Exception):
@@ -33,16 +35,16 @@ class Settings(BaseSettings):
     trust_remote_code: bool = False
 
     max_batch_size: int = Field(32, ge=1, le=4096)
-    max_batch_wait_ms: float = Field(0.0, ge=0, le=10_000)
+    max_batch_wait_ms: float = Field(0.0, ge=0, le=10_000, allow_inf_nan=False)
     max_batch_tokens: int | None = Field(None, ge=1)
     max_queue_size: int = Field(256, ge=1)
     max_client_batch_size: int = Field(64, ge=1)
     max_body_bytes: int = Field(1024 * 1024, ge=1)
-    request_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
     truncate: bool = False
     torch_num_threads: int | None = Field(None, ge=1)
-    liveness_stall_s: float = Field(120.0, gt=0)
-    drain_timeout_s: float = Field(25.0, ge=0)
+    liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
+    drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)
     api_key: str | None = None
 
     host: str = "127.0.0.1"
@@ -51,7 +53,15 @@ class Settings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
 
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
-    model_load_delay_s: float = Field(0.0, ge=0)
+    model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+    @field_validator("task")
+    @classmethod
+    def _task_is_supported(cls, task: str | None) -> str | None:
+        if task is not None and task not in SUPPORTED_TASKS and task not in TASK_ALIASES:
+            names = ", ".join([*SUPPORTED_TASKS, *TASK_ALIASES])
+            raise ValueError(f"unsupported task; use one of {names}")
+        return task
 
     @model_validator(mode="after")
     def _int8_is_for_cpu(self) -> Settings:

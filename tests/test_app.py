@@ -109,3 +109,30 @@ def test_list_of_inputs_is_answered_in_order(tiny_models: dict[str, Path]) -> No
             assert {x["label"]: round(x["score"], 4) for x in a} == {
                 x["label"]: round(x["score"], 4) for x in b
             }
+
+
+def test_strict_timeout_header_no_slash_redirect_and_auth_headers(
+    tiny_models: dict[str, Path],
+) -> None:
+    with app_client(tiny_models["fill-mask"], api_key="secret") as client:
+        auth = {"authorization": "Bearer secret"}
+        for bad in ("inf", "nan", "1e309", "1_0", "-1", "0", "soon"):
+            r = client.post("/", content=SEED_TEXT, headers={**auth, "x-request-timeout": bad})
+            assert r.status_code == 400, (bad, r.text)
+        r = client.post("/", content=SEED_TEXT, headers={**auth, "x-request-timeout": "99999"})
+        assert r.status_code == 200  # capped at REQUEST_TIMEOUT_S
+        r = client.get("/readyz/", follow_redirects=False)
+        assert r.status_code == 404  # no redirect that echoes the Host header
+        r = client.post("/", content=SEED_TEXT)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = client.put("/", headers=auth)
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+def test_a_list_error_from_the_thread_names_the_input(tiny_models: dict[str, Path]) -> None:
+    with app_client(tiny_models["fill-mask"]) as client:
+        long = "[MASK] " + "word " * 600
+        r = client.post("/", json={"inputs": [SEED_TEXT, long]})
+        assert r.status_code == 422
+        assert r.json()["error"].startswith("inputs[1]: input is ")
+        assert "at most 512 tokens" in r.json()["error"]

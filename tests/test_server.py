@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 from collections.abc import Callable
 
@@ -58,3 +60,43 @@ def test_bad_setting_stops_the_start_with_one_line(
         "pipeline-server: invalid setting MAX_BATCH_SIZE: Input should be a valid integer, "
         "unable to parse string as an integer (got 'zero')"
     ]
+
+
+def test_oversize_request_head_is_refused_and_the_worker_lives(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    """A 1 MB header is refused by the HTTP layer (400, connection closed) long before it could
+    stall the event loop; the same worker keeps serving."""
+    server = start_server()
+    server.wait_ready()
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"x" * 1_000_000 + b"\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        # Refused while we are still sending is as good as refused after.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(head + b"Content-Length: 5\r\n\r\nhello")
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 400"), reply[:100]
+    assert server.post(content="A fixed control sentence.").status_code == 200
+    assert server.terminate() == 0
+    assert server.log().count("Booting worker") == 1 and "WORKER TIMEOUT" not in server.log()
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"TASK": "bogus"}, "invalid setting TASK: unsupported task; use one of "),
+        ({"DRAIN_TIMEOUT_S": "inf"}, "invalid setting DRAIN_TIMEOUT_S: Input should be a finite"),
+    ],
+)
+def test_more_bad_settings_stop_the_start(
+    start_server: Callable[..., ServerProcess], env: dict[str, str], message: str
+) -> None:
+    server = start_server(**env)
+    assert server.proc.wait(30) == 2
+    lines = server.log().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipeline-server: " + message), lines
