@@ -15,7 +15,6 @@ import argparse
 import functools
 import json
 import os
-import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +46,17 @@ def chunks(items: Sequence[str], size: int) -> list[list[str]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
+def spread(n: int) -> list[int]:
+    """``range(n)`` in bit-reversed (van der Corput) order: every prefix spans the whole range.
+
+    Length-sorted batches run in this order, so a time-bounded prefix samples short, middling
+    and long batches alike (a random order leaves a few batches to luck).
+    """
+    bits = max(1, (n - 1).bit_length())
+    order = (int(f"{i:0{bits}b}"[::-1], 2) for i in range(1 << bits))
+    return [i for i in order if i < n]
+
+
 def throughput(
     run_batch: Callable[[list[str]], object], batches: list[list[str]], budget_s: float
 ) -> float:
@@ -76,7 +86,7 @@ def measure(
     """Measure (a), (b) and single-call latency, about ``budget_s`` seconds per point.
 
     (a) takes the inputs in their (random) order; (b) sorts them by token length, cuts batches,
-    and runs those batches in a seeded random order so that a time-bounded prefix mixes lengths.
+    and runs those batches in :func:`spread` order so that a time-bounded prefix mixes lengths.
     A point disturbed by other processes is measured again (``quiet``); their CPU share during
     each kept point is reported beside it.
     """
@@ -120,8 +130,8 @@ def measure(
         result_a[bs], other[f"a{bs}"], _ = cpu.least_disturbed(
             functools.partial(throughput, run_pipeline, in_order, budget_s), quiet
         )
-        sorted_batches = chunks(by_length, bs)
-        random.Random(bs).shuffle(sorted_batches)
+        cut = chunks(by_length, bs)
+        sorted_batches = [cut[i] for i in spread(len(cut))]
         result_b[bs], other[f"b{bs}"], _ = cpu.least_disturbed(
             functools.partial(throughput, run_model, sorted_batches, budget_s), quiet
         )

@@ -199,3 +199,11 @@ def test_disturbed_points_are_measured_again(monkeypatch: pytest.MonkeyPatch) ->
     results = iter(["only"])
     never = cpu.Quiet(max_other_cpu=0.1, retries=0)
     assert cpu.least_disturbed(lambda: next(results), never) == ("only", 0.9, 1)
+
+
+def test_spread_orders_batches_so_prefixes_span_the_range() -> None:
+    from loadtest.limit import spread
+
+    assert spread(10) == [0, 8, 4, 2, 6, 1, 9, 5, 3, 7]
+    assert sorted(spread(13)) == list(range(13)) and spread(1) == [0]
+    assert {i // 4 for i in spread(16)[:4]} == {0, 1, 2, 3}  # 4 first picks: one per quarter
