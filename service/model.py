@@ -211,12 +211,14 @@ class BatchCost:
 
 
 def calibrate(engine: Engine) -> BatchCost:
-    """Fit the batch cost model from a 1-input batch and a 4 x 64-token batch, best of 3 each
-    (warm, unlike the first call). The overhead is clamped to [8, 4096] tokens. The selector
-    trades padding against the overhead; admission starts from this model."""
+    """Fit the batch cost model from a 1 x 64-token batch and a 16 x 64-token batch, best of 3
+    each (warm, unlike the first call). Both are 64 tokens long, so the fitted overhead also
+    holds what large batches gain per token (better-filled matrix products), not only the
+    fixed cost of a call. Clamped to [8, 4096] tokens. The selector trades padding against the
+    overhead; admission starts from this model."""
     word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
-    small = [engine.prepare("Hi " + word, (), {})]
-    large = [engine.prepare(word * 62, (), {}) for _ in range(4)]
+    one = [engine.prepare(word * 62, (), {})]
+    many = one * 16
 
     def best_of_3(batch: list[Prepared]) -> tuple[float, int]:
         times = []
@@ -226,11 +228,11 @@ def calibrate(engine: Engine) -> BatchCost:
             times.append(time.perf_counter() - started)
         return min(times), len(batch) * max(p.n_tokens for p in batch)
 
-    t_small, p_small = best_of_3(small)
-    t_large, p_large = best_of_3(large)
-    per_token = max(t_large - t_small, 1e-9) / max(p_large - p_small, 1)
-    overhead = min(max(max(t_small - per_token * p_small, 0.0) / per_token, 8.0), 4096.0)
-    return BatchCost(overhead_tokens=overhead, sec_per_token=t_small / (overhead + p_small))
+    t_one, p_one = best_of_3(one)
+    t_many, p_many = best_of_3(many)
+    per_token = max(t_many - t_one, 1e-9) / max(p_many - p_one, 1)
+    overhead = min(max(max(t_one - per_token * p_one, 0.0) / per_token, 8.0), 4096.0)
+    return BatchCost(overhead_tokens=overhead, sec_per_token=t_one / (overhead + p_one))
 
 
 def warm_up(engine: Engine) -> float:
