@@ -275,9 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.monotonic()
     machine = report.machine()
     print(f"limit: {args.inputs} inputs, batch sizes {args.batch_sizes} ...", flush=True)
-    before = cpu.snapshot()
-    limit = measure_limit(args)
-    limit["other_cpu"] = cpu.foreign_share(before, cpu.snapshot())
+    limit = measure_limit(args)  # its "other_cpu": the worst of its points, waits excluded
     print(
         f"  limit (a) {limit['limit_a']:.1f}/s, (b) {limit['limit_b']:.1f}/s  "
         f"(other processes: {limit['other_cpu']:.0%} CPU)",
