@@ -36,7 +36,7 @@ class ServiceTimeEstimate:
     max_batch_size: int = 32
     batch_ends_at: float = 0.0
 
-    def batch_seconds(self, inputs: int, padded_tokens: float) -> float:
+    def batch_seconds(self, padded_tokens: float) -> float:
         return self.sec_per_token * (self.overhead_tokens + padded_tokens)
 
     def observe(self, seconds: float, inputs: int, padded_tokens: int) -> None:
@@ -47,7 +47,7 @@ class ServiceTimeEstimate:
         self.tokens_per_input += _ALPHA * (per_input - self.tokens_per_input)
 
     def batch_started(self, inputs: int, padded_tokens: int) -> None:
-        self.batch_ends_at = time.monotonic() + self.batch_seconds(inputs, padded_tokens)
+        self.batch_ends_at = time.monotonic() + self.batch_seconds(padded_tokens)
 
     def batch_finished(self) -> None:
         self.batch_ends_at = 0.0

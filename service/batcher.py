@@ -69,7 +69,6 @@ class Batcher:
         self._pool: list[Item] = []  # prepared, waiting for a batch; thread-only
         self._running: list[Item] = []  # the batch in the pipeline now; thread-only
         self.failure = ""  # why the state is FAILED, for /livez
-        self.overhead_tokens = 64.0  # per-batch overhead in padded tokens; calibrated at load
         self._last_batch_s = 0.0
         self._thread = threading.Thread(target=self._main, name="inference", daemon=True)
 
@@ -134,7 +133,6 @@ class Batcher:
         # instead of pausing the event loop for a few hundred ms (gc.freeze, Python 3.7+).
         gc.collect()
         gc.freeze()
-        self.overhead_tokens = cost.overhead_tokens
         self.estimate.overhead_tokens = cost.overhead_tokens
         self.estimate.sec_per_token = cost.sec_per_token
         loaded_s = time.monotonic() - started
@@ -145,6 +143,7 @@ class Batcher:
             "model_ready",
             load_s=round(loaded_s, 3),
             warmup_s=round(warm_s, 4),
+            overhead_tokens=round(cost.overhead_tokens, 1),
             **{k: v for k, v in vars(engine.info).items()},
         )
         self.heartbeat = time.monotonic()
@@ -202,7 +201,7 @@ class Batcher:
             must=group.index(must) if must is not None else None,
             max_size=self.settings.max_batch_size,
             max_tokens=self.settings.max_batch_tokens,
-            overhead_tokens=self.overhead_tokens,
+            overhead_tokens=self.estimate.overhead_tokens,
         )
         return sorted(group[start:stop], key=lambda i: i.enqueued_at)
 
