@@ -10,6 +10,9 @@ on the same mixed-length inputs (``loadtest.corpus``) it measures:
    capacity with a deadline (goodput, shed rate and latency, p99 of accepted requests);
 3. the seed guide's one-at-a-time server (``loadtest.seed_server`` under uvicorn), closed loop.
 
+4. the issue's targets in rounds, each server point between two limit (b) points measured
+   seconds before and after it by a limit process kept loaded (``paired``).
+
 It prints a table and the ratios, and writes JSON and a PNG plot. Client and server share the
 machine's cores, so every server figure includes the client's CPU cost; the floor shows it.
 """
@@ -21,6 +24,7 @@ import asyncio
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -30,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import client, cpu, report, servers
+from loadtest import limit as limit_mod
 from loadtest.corpus import mixed_inputs
-from loadtest.stats import latency_summary
+from loadtest.stats import latency_summary, percentile
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -43,6 +48,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--inputs", type=int, help="mixed inputs (default 512, quick 128)")
     p.add_argument("--levels", help="closed-loop clients (default 1,4,16,32,64; quick 1,16,64)")
     p.add_argument("--seconds", type=float, help="seconds per point (default 8, quick 3)")
+    p.add_argument(
+        "--paired-levels", help="clients for the paired points (default 32,64; quick 64)"
+    )
+    p.add_argument(
+        "--paired-seconds",
+        type=float,
+        help="seconds per paired server point (default: about one pass over the inputs)",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds of paired points")
+    p.add_argument(
+        "--paired-one-client",
+        type=int,
+        default=110,
+        help="inputs per round timed in turn by blocks of 10: direct calls, then one client",
+    )
     p.add_argument("--overload", default="1,2,4", help="offered load, multiples of capacity")
     p.add_argument(
         "--deadline-s",
@@ -88,6 +108,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         int(x) for x in (args.levels or ("1,16,64" if args.quick else "1,4,16,32,64")).split(",")
     ]
     args.seconds = args.seconds or (3.0 if args.quick else 8.0)
+    args.paired_levels = [
+        int(x) for x in (args.paired_levels or ("64" if args.quick else "32,64")).split(",")
+    ]
+    # About one pass over the inputs at ~40 inputs/s, so the server does the limit's work.
+    args.paired_seconds = args.paired_seconds or max(3.0, args.inputs / 40)
     args.batch_sizes = args.batch_sizes or ("1,8,32" if args.quick else "1,2,4,8,16,32,64")
     args.overload = [float(x) for x in args.overload.split(",")]
     return args
@@ -185,8 +210,109 @@ async def probed(
     return run.summary(), latency_summary(await probe)
 
 
-async def bench_server(args: argparse.Namespace, reqs: list[client.Request]) -> dict[str, Any]:
-    """Every measurement against the real server, in one server process."""
+async def paired(
+    base: str,
+    reqs: list[client.Request],
+    worker: limit_mod.LimitWorker,
+    batch_size: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The issue's targets, each server point measured in turn with its yardstick.
+
+    Per round: direct single calls, then one client (p50 against their p50); then limit (b) at
+    ``batch_size`` (one whole pass over the inputs), a server point, limit (b) again, and so on
+    for each level, so every server point sits between two limit points taken seconds apart.
+    A server point lasts long enough to cover about one pass over the inputs, so both sides do
+    nearly the same work. The ratio of a point is server / mean(limit before, limit after); the
+    summary keeps the median over ``args.rounds`` rounds.
+    """
+
+    def limit_b() -> float:
+        def one() -> float:
+            return float(worker.ask(op="b", batch_size=batch_size)["inputs_per_s"])
+
+        return cpu.least_disturbed(one, quiet(args))[0]
+
+    levels: dict[int, list[dict[str, float]]] = {n: [] for n in args.paired_levels}
+    one_client: list[dict[str, float]] = []
+    for rnd in range(1, args.rounds + 1):
+        one = await one_client_in_turn(base, reqs, worker, args.paired_one_client)
+        one_client.append({**one, "round": rnd})
+        print(
+            f"  round {rnd}: one client p50 {one['p50_ms']:.1f} ms, direct single call "
+            f"p50 {one['single_p50_ms']:.1f} ms (the same {one['n']} inputs, in turn by blocks)",
+            flush=True,
+        )
+        before = limit_b()
+        for n in args.paired_levels:
+            run: dict[str, Any] = (
+                await client.closed_loop(base, reqs, n, args.paired_seconds)
+            ).summary()
+            after = limit_b()
+            ratio = run["inputs_per_s"] / statistics.fmean((before, after))
+            levels[n].append(
+                {
+                    "inputs_per_s": run["inputs_per_s"],
+                    "answered": run["requests"],
+                    "limit_b_before": before,
+                    "limit_b_after": after,
+                    "ratio": ratio,
+                    "round": rnd,
+                }
+            )
+            print(
+                f"  round {rnd}: limit (b) {before:.1f}, {n} clients {run['inputs_per_s']:.1f}, "
+                f"limit (b) {after:.1f}: ratio {ratio:.2f}",
+                flush=True,
+            )
+            before = after
+    return {
+        "batch_size": batch_size,
+        "levels": levels,
+        "one_client": one_client,
+        "median_ratio": {n: statistics.median(p["ratio"] for p in ps) for n, ps in levels.items()},
+        "one_client_p50_ms": statistics.median(p["p50_ms"] for p in one_client),
+        "single_call_p50_ms": statistics.median(p["single_p50_ms"] for p in one_client),
+    }
+
+
+async def one_client_in_turn(
+    base: str, reqs: list[client.Request], worker: limit_mod.LimitWorker, n: int, block: int = 10
+) -> dict[str, float]:
+    """One client against a direct single call on the same inputs, in turn by blocks: the limit
+    process makes direct calls on inputs k..k+block back to back, then one client sends the
+    server the same inputs back to back, and so on over the first ``n`` inputs. The first call
+    of each block (a cold start after the other side ran) is left out on both sides. Blocks
+    take about 0.3 s, so both p50s come from the same inputs on a machine in the same state."""
+    direct: list[float] = []
+    served: list[float] = []
+    async with client.session(1) as http:
+        for start in range(0, min(n, len(reqs)), block):
+            indices = list(range(start, min(start + block, n, len(reqs))))
+            direct += worker.ask(op="calls", indices=indices)["ms"][1:]
+            for k in indices:
+                sent = time.perf_counter()
+                if await client.send(http, base, reqs[k]) != 200:
+                    raise RuntimeError(f"input {k} was not answered 200")
+                if k != start:
+                    served.append((time.perf_counter() - sent) * 1000)
+    return {
+        "p50_ms": percentile(served, 50),
+        "single_p50_ms": percentile(direct, 50),
+        "p99_ms": percentile(served, 99),
+        "single_p99_ms": percentile(direct, 99),
+        "n": len(served),
+    }
+
+
+async def bench_server(
+    args: argparse.Namespace,
+    reqs: list[client.Request],
+    worker: limit_mod.LimitWorker,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Every measurement against the real server, in one server process; ``worker`` measures
+    the limit in turn with it (:func:`paired`)."""
     env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
     port = servers.free_port()
     log = args.out.with_name("bench-server.log").open("wb")
@@ -204,6 +330,8 @@ async def bench_server(args: argparse.Namespace, reqs: list[client.Request]) -> 
         res["floor"] = await closed_levels(base, [client.LIVEZ], args.levels, floor_s, args)
         print("pipeline-server:", flush=True)
         res["closed"] = await closed_levels(base, reqs, args.levels, args.seconds, args)
+        print(f"paired with limit (b) at batch size {batch_size}:", flush=True)
+        res["paired"] = await paired(base, reqs, worker, batch_size, args)
         idle_stop = asyncio.Event()
         idle = asyncio.create_task(client.probe(base, idle_stop))
         await asyncio.sleep(2)
@@ -286,8 +414,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "args": {k: str(v) for k, v in vars(args).items()},
         "machine": machine,
         "limit": limit,
-        "server": asyncio.run(bench_server(args, reqs)),
     }
+    with args.out.with_name("bench-limit-worker.log").open("wb") as worker_log:
+        worker = limit_mod.LimitWorker(args.inputs, servers.REPO_ROOT, worker_log)
+        try:
+            result["server"] = asyncio.run(
+                bench_server(args, reqs, worker, int(limit["limit_b_batch_size"]))
+            )
+        finally:
+            worker.close()
     if not args.no_baseline:
         result["baseline"] = asyncio.run(bench_baseline(args, reqs))
     result["machine"]["loadavg_after"] = os.getloadavg()

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # Before any transformers import: no hub here, and no tokenizer threads fighting torch's.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -74,6 +75,62 @@ def throughput(
     return done / (time.perf_counter() - start)
 
 
+class Limit:
+    """The model loaded once, and each limit measurement on the benchmark's inputs.
+
+    (a) takes the inputs in their (random) order; (b) sorts them by token length, cuts batches,
+    and runs those batches in :func:`spread` order so that a time-bounded prefix mixes lengths.
+    """
+
+    def __init__(self, inputs: list[str], model_id: str, task: str) -> None:
+        import torch
+        from transformers import pipeline
+
+        self.inputs, self.model_id, self.task = inputs, model_id, task
+        self.pipe = pipeline(task, model=model_id, device="cpu")
+        tok, model = self.pipe.tokenizer, self.pipe.model
+        assert tok is not None
+        self.torch_threads = torch.get_num_threads()
+        self.lengths = [len(ids) for ids in tok(inputs)["input_ids"]]
+        self.by_length = [text for _, text in sorted(zip(self.lengths, inputs, strict=True))]
+
+        def run_model(batch: list[str]) -> object:
+            enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
+            with torch.inference_mode():
+                return model(**enc)
+
+        self.run_model = run_model
+        self.run_pipeline(inputs[:8])  # warm up: first calls allocate and pick kernels
+        run_model(inputs[:8])
+
+    def run_pipeline(self, batch: list[str]) -> object:
+        return self.pipe(batch, batch_size=len(batch))
+
+    def single_calls(self, n: int, budget_s: float) -> list[float]:
+        """Milliseconds of up to ``n`` direct single pipeline calls, stopping after ``budget_s``."""
+        return self.single_calls_of(self.inputs[:n], time.perf_counter() + budget_s)
+
+    def single_calls_of(self, texts: list[str], until: float = math.inf) -> list[float]:
+        """Milliseconds of a direct single pipeline call on each text, until ``until``."""
+        out: list[float] = []
+        for text in texts:
+            start = time.perf_counter()
+            self.pipe(text)
+            out.append((time.perf_counter() - start) * 1000)
+            if start > until:
+                break
+        return out
+
+    def a(self, batch_size: int, budget_s: float) -> float:
+        """(a): inputs/s of the pipeline on batches of ``batch_size`` in input order."""
+        return throughput(self.run_pipeline, chunks(self.inputs, batch_size), budget_s)
+
+    def b(self, batch_size: int, budget_s: float) -> float:
+        """(b): inputs/s of tokenizer + model on length-sorted batches of ``batch_size``."""
+        cut = chunks(self.by_length, batch_size)
+        return throughput(self.run_model, [cut[i] for i in spread(len(cut))], budget_s)
+
+
 def measure(
     inputs: list[str],
     model_id: str,
@@ -85,60 +142,28 @@ def measure(
 ) -> dict[str, Any]:
     """Measure (a), (b) and single-call latency, about ``budget_s`` seconds per point.
 
-    (a) takes the inputs in their (random) order; (b) sorts them by token length, cuts batches,
-    and runs those batches in :func:`spread` order so that a time-bounded prefix mixes lengths.
     A point disturbed by other processes is measured again (``quiet``); their CPU share during
     each kept point is reported beside it.
     """
-    import torch
-    from transformers import pipeline
-
-    pipe = pipeline(task, model=model_id, device="cpu")
-    tok, model = pipe.tokenizer, pipe.model
-    assert tok is not None
-
-    def run_pipeline(batch: list[str]) -> object:
-        return pipe(batch, batch_size=len(batch))
-
-    def run_model(batch: list[str]) -> object:
-        enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
-        with torch.inference_mode():
-            return model(**enc)
-
-    run_pipeline(inputs[:8])  # warm up: first calls allocate and pick kernels
-    run_model(inputs[:8])
-
-    def single_calls() -> list[float]:
-        out: list[float] = []
-        until = time.perf_counter() + budget_s
-        for text in inputs[:single_n]:
-            start = time.perf_counter()
-            pipe(text)
-            out.append((time.perf_counter() - start) * 1000)
-            if start > until:
-                break
-        return out
-
+    lim = Limit(inputs, model_id, task)
     other: dict[str, float] = {}
-    single, other["single"], _ = cpu.least_disturbed(single_calls, quiet)
-    lengths = [len(ids) for ids in tok(inputs)["input_ids"]]
-    by_length = [text for _, text in sorted(zip(lengths, inputs, strict=True))]
+    single, other["single"], _ = cpu.least_disturbed(
+        functools.partial(lim.single_calls, single_n, budget_s), quiet
+    )
     result_a: dict[int, float] = {}
     result_b: dict[int, float] = {}
     for bs in batch_sizes:
-        in_order = chunks(inputs, bs)
         result_a[bs], other[f"a{bs}"], _ = cpu.least_disturbed(
-            functools.partial(throughput, run_pipeline, in_order, budget_s), quiet
+            functools.partial(lim.a, bs, budget_s), quiet
         )
-        cut = chunks(by_length, bs)
-        sorted_batches = [cut[i] for i in spread(len(cut))]
         result_b[bs], other[f"b{bs}"], _ = cpu.least_disturbed(
-            functools.partial(throughput, run_model, sorted_batches, budget_s), quiet
+            functools.partial(lim.b, bs, budget_s), quiet
         )
+    lengths = lim.lengths
     return {
         "model": model_id,
         "task": task,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": lim.torch_threads,
         "inputs": len(inputs),
         "tokens": {
             "mean": statistics.fmean(lengths),
@@ -161,6 +186,81 @@ def measure(
     }
 
 
+def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
+    """Answer measurement requests, one JSON object per line, until stdin closes.
+
+    ``{"op": "b", "batch_size": 16}`` answers ``{"inputs_per_s": ...}`` for one whole pass over
+    the inputs (the same work every time, so points differ only by the machine's speed);
+    ``{"op": "single", "n": 100, "seconds": 5}`` answers ``{"p50_ms": ..., "p99_ms": ...}``;
+    ``{"op": "calls", "indices": [3, 4]}`` times a direct single call on each of inputs 3 and 4,
+    back to back: ``{"ms": [..., ...]}``.
+    The benchmark keeps this process loaded and idle while it measures the server, and asks
+    for limit points in turn with server points (:class:`LimitWorker`).
+    """
+    stdout.write(json.dumps({"ready": True}) + "\n")
+    stdout.flush()
+    for line in stdin:
+        req = json.loads(line)
+        answer: dict[str, Any]
+        if req["op"] == "calls":
+            answer = {"ms": lim.single_calls_of([lim.inputs[i] for i in req["indices"]])}
+        elif req["op"] == "b":
+            answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf)}
+        else:
+            ms = lim.single_calls(req["n"], req["seconds"])
+            answer = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "n": len(ms)}
+        stdout.write(json.dumps(answer) + "\n")
+        stdout.flush()
+
+
+class LimitWorker:
+    """A ``loadtest.limit --serve`` subprocess: limit points on demand, the model kept loaded.
+
+    Its measurements run while the server under test is idle and the load client is stopped, so
+    each server point can be divided by limit points taken seconds before and after it: this
+    machine's speed drifts by tens of percent within a minute, and a ratio of points taken
+    minutes apart would measure the drift.
+    """
+
+    def __init__(self, inputs: int, cwd: Path, log: IO[bytes]) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loadtest.limit", "--serve", "--inputs", str(inputs)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=cwd,
+            text=True,
+        )
+        if self._read() != {"ready": True}:
+            raise RuntimeError("the limit worker did not start")
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the limit worker exited ({self.proc.wait(10)})")
+        return dict(json.loads(line))
+
+    def ask(self, **req: Any) -> dict[str, Any]:
+        """Send one request (see :func:`serve`) and wait for its answer."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except Exception:
+            self.proc.kill()
+            raise
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: measure and print or write the JSON result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -179,11 +279,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--task", default=os.environ.get("TASK", "feature-extraction"))
     parser.add_argument("--out", type=Path, help="write JSON here instead of stdout")
+    parser.add_argument(
+        "--serve", action="store_true", help="answer JSON-line requests on stdin (LimitWorker)"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.serve:
+        import sys
+
+        serve(
+            Limit(mixed_inputs(args.inputs, args.seed), default_model(), args.task),
+            sys.stdin,
+            sys.stdout,
+        )
+        return
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     result = measure(
         mixed_inputs(args.inputs, args.seed),

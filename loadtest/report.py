@@ -54,6 +54,12 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
         "p50_one_client_target_ms": 1.1 * single + 2,
         "single_call_p50_ms": single,
     }
+    if pair := srv.get("paired"):  # measured in turn, seconds apart (bench.paired)
+        for n, ratio in pair["median_ratio"].items():
+            out[f"paired_server_over_limit_b_at_{n}_clients"] = float(ratio)
+        out["paired_p50_one_client_ms"] = float(pair["one_client_p50_ms"])
+        out["paired_p50_one_client_target_ms"] = 1.1 * float(pair["single_call_p50_ms"]) + 2
+        out["paired_single_call_p50_ms"] = float(pair["single_call_p50_ms"])
     if "baseline" in result:
         out["server_peak_over_baseline_peak"] = peak / _peak(result["baseline"]["closed"])[1]
     over = srv["overload"]
@@ -134,6 +140,7 @@ def table(result: dict[str, Any]) -> str:
             else []
         ),
         "",
+        *_paired_rows(srv.get("paired")),
         *_overload_rows(srv["overload"]),
         "",
         f"/livez probe: idle p50 {_ms(srv['probe_idle']['p50_ms'])} / p99 "
@@ -143,6 +150,33 @@ def table(result: dict[str, Any]) -> str:
         *(f"- {k}: {v:.3f}" for k, v in result["ratios"].items()),
     ]
     return "\n".join(lines)
+
+
+def _paired_rows(pair: dict[str, Any] | None) -> list[str]:
+    """The paired rounds: each server point between two limit (b) points, and one client."""
+    if not pair:
+        return []
+    rows = [
+        f"| {p['round']} | {n} clients | {p['limit_b_before']:.1f} | {p['inputs_per_s']:.1f} | "
+        f"{p['limit_b_after']:.1f} | {p['ratio']:.2f} |"
+        for n, points in pair["levels"].items()
+        for p in points
+    ]
+    ones = [
+        f"| {p['round']} | 1 client, p50 ms | direct call {p['single_p50_ms']:.1f} | "
+        f"{p['p50_ms']:.1f} | | {p['p50_ms'] / (1.1 * p['single_p50_ms'] + 2):.2f} of target |"
+        for p in pair["one_client"]
+    ]
+    return [
+        f"Paired rounds (limit (b) at batch size {pair['batch_size']}, one whole pass over the "
+        "inputs, measured right before and after each server point):",
+        "",
+        "| round | server point | limit (b) before | server | limit (b) after | ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *ones,
+        *rows,
+        "",
+    ]
 
 
 def _overload_rows(over: dict[str, Any]) -> list[str]:

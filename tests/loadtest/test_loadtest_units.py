@@ -185,6 +185,36 @@ def test_report_ratios_table_and_plot(tmp_path: Path) -> None:
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_paired_ratios_are_medians_of_points_between_their_limits() -> None:
+    result = _result()
+    points = [(40.0, 36.0, 50.0), (45.0, 38.0, 35.0), (44.0, 40.0, 46.0)]  # before, server, after
+    result["server"]["paired"] = {
+        "batch_size": 16,
+        "levels": {
+            64: [
+                {
+                    "round": i,
+                    "limit_b_before": b,
+                    "inputs_per_s": s,
+                    "limit_b_after": a,
+                    "ratio": s / ((b + a) / 2),
+                }
+                for i, (b, s, a) in enumerate(points, 1)
+            ]
+        },
+        "one_client": [{"round": 1, "p50_ms": 30.0, "single_p50_ms": 25.0, "n": 100}],
+        "median_ratio": {64: 40.0 / 45.0},
+        "one_client_p50_ms": 30.0,
+        "single_call_p50_ms": 25.0,
+    }
+    result["ratios"] = ratios = report.ratios(result)
+    assert ratios["paired_server_over_limit_b_at_64_clients"] == pytest.approx(0.8889, abs=1e-4)
+    assert ratios["paired_p50_one_client_target_ms"] == pytest.approx(29.5)
+    text = report.table(result)
+    assert "| 2 | 64 clients | 45.0 | 38.0 | 35.0 | 0.95 |" in text
+    assert "| 1 | 1 client, p50 ms | direct call 25.0 | 30.0 | | 1.02 of target |" in text
+
+
 def test_disturbed_points_are_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
     from loadtest import cpu
 
@@ -207,3 +237,21 @@ def test_spread_orders_batches_so_prefixes_span_the_range() -> None:
     assert spread(10) == [0, 8, 4, 2, 6, 1, 9, 5, 3, 7]
     assert sorted(spread(13)) == list(range(13)) and spread(1) == [0]
     assert {i // 4 for i in spread(16)[:4]} == {0, 1, 2, 3}  # 4 first picks: one per quarter
+
+
+def test_limit_worker_answers_in_turn_and_exits(embedded_model: Path, tmp_path: Path) -> None:
+    from loadtest.limit import LimitWorker
+    from loadtest.servers import REPO_ROOT
+
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = LimitWorker(8, REPO_ROOT, log)
+        try:
+            passes = [worker.ask(op="b", batch_size=4)["inputs_per_s"] for _ in range(2)]
+            calls = worker.ask(op="calls", indices=[3, 1, 3])["ms"]
+            single = worker.ask(op="single", n=4, seconds=5)
+        finally:
+            worker.close()
+    assert all(0 < rate < 10_000 for rate in passes)
+    assert len(calls) == 3 and all(0 < ms < 10_000 for ms in calls)
+    assert single["n"] == 4 and 0 < single["p50_ms"] <= single["p99_ms"]
+    assert worker.proc.returncode == 0
