@@ -192,7 +192,7 @@ async def closed_levels(
 
         out[n] = await cpu.least_disturbed_async(point, quiet(args))
         print(
-            f"  {n:>3} clients: {out[n]['inputs_per_s']:8.1f} per s  "
+            f"  {n:>3} clients: {out[n]['inputs_per_s'] or out[n]['requests_per_s']:8.1f} per s  "
             f"p50 {out[n]['p50_ms']:7.1f} ms  (other processes: {out[n]['other_cpu']:.0%} CPU)",
             flush=True,
         )
