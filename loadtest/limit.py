@@ -5,7 +5,9 @@
 plus a direct single pipeline call's latency, the yardstick for one client's p50.
 
 Run it alone (``python -m loadtest.limit --out limit.json``) or from ``loadtest.bench``, which
-runs it in a subprocess before the server starts so that the two never compete for the 2 cores.
+runs it in a subprocess before the server starts so that the two never compete for the 2 cores,
+and then keeps a second one loaded (``--serve``, :class:`LimitWorker`) to measure limit points
+in turn with server points.
 Throughputs are inputs per second; latencies are milliseconds.
 """
 
