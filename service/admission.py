@@ -46,7 +46,7 @@ class ServiceTimeEstimate:
         per_input = padded_tokens / max(1, inputs)
         self.tokens_per_input += _ALPHA * (per_input - self.tokens_per_input)
 
-    def batch_started(self, inputs: int, padded_tokens: int) -> None:
+    def batch_started(self, padded_tokens: int) -> None:
         self.batch_ends_at = time.monotonic() + self.batch_seconds(padded_tokens)
 
     def batch_finished(self) -> None:

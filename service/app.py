@@ -28,7 +28,7 @@ from service.settings import Settings, load_settings
 log = structlog.get_logger("service.app")
 
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-_ROUTE_LABELS = {"/", "/readyz", "/livez", "/metrics", "/info"}
+_ROUTE_LABELS = {route.path for route in ROUTES}
 
 
 class RequestContext:

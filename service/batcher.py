@@ -3,7 +3,7 @@
 One thread owns the model. It loads and warms it up, then loops: block for the first queued
 input, tokenize what arrived, pick the next batch from everything waiting (padding-aware, one
 parameter set, at most MAX_BATCH_SIZE: `service.selection`), wait at most MAX_BATCH_WAIT_MS
-from the first item's dequeue (default 0: an idle server starts at once), drop what was
+from when the batch starts forming (default 0: an idle server starts at once), drop what was
 cancelled or expired, run the pipeline once, and resolve each future.
 
 Results cross back through one `concurrent.futures.Future` per input, awaited on the loop with
@@ -99,9 +99,7 @@ class Batcher:
             engine = self._load()
         except Exception:
             log.exception("model_load_failed")
-            self.failure = "model failed to load"
-            self.state = State.FAILED
-            metrics.READY.set(0)
+            self._mark_failed("model failed to load")
             self._fail_all(lambda: Draining("the model failed to load", retry_after_s=30))
             return
         try:
@@ -109,9 +107,7 @@ class Batcher:
                 self._step(engine)
         except BaseException:  # a bug in our loop: resolve every waiter, never leave them
             log.exception("inference_thread_crashed")
-            self.failure = "inference thread crashed"
-            self.state = State.FAILED
-            metrics.READY.set(0)
+            self._mark_failed("inference thread crashed")
             for item in self._running:  # already marked running: only we can answer them
                 if not item.future.done():
                     item.future.set_exception(InferenceFailed("the inference thread failed"))
@@ -120,6 +116,11 @@ class Batcher:
             if self.state is not State.FAILED:
                 self.state = State.STOPPED
             self._fail_all(lambda: Draining("the server is shutting down", retry_after_s=5))
+
+    def _mark_failed(self, why: str) -> None:
+        self.failure = why  # for /livez
+        self.state = State.FAILED
+        metrics.READY.set(0)
 
     def _load(self) -> Engine:
         started = time.monotonic()
@@ -206,7 +207,8 @@ class Batcher:
         return sorted(group[start:stop], key=lambda i: i.enqueued_at)
 
     def _fill(self, engine: Engine, batch: list[Item]) -> list[Item]:
-        """Wait up to MAX_BATCH_WAIT_MS, once from the first item's dequeue, for more items."""
+        """Wait up to MAX_BATCH_WAIT_MS, once per batch from when it starts forming, for more
+        items (one deadline per batch, never reset per item)."""
         wait_s = self.settings.max_batch_wait_ms / 1000
         if wait_s <= 0 or len(batch) >= self.settings.max_batch_size:
             return batch
@@ -235,7 +237,7 @@ class Batcher:
             metrics.QUEUE_WAIT.observe(now - item.enqueued_at)
         self.batch_started_at = now
         padded = len(live) * max(map(_tokens, live))
-        self.estimate.batch_started(len(live), padded)
+        self.estimate.batch_started(padded)
         self._running = live  # kept if a BaseException escapes: _main answers them
         try:
             answers = self._answers(engine, live)
@@ -251,7 +253,7 @@ class Batcher:
                 item.future.set_exception(answer)
             else:
                 item.future.set_result(answer)
-        self._observe(live, now, took)
+        self._observe(live, now, took, padded)
 
     def _answers(self, engine: Engine, live: list[Item]) -> list[Any]:
         """The batch's answers; if the batch call raises, each input alone, so only the
@@ -266,9 +268,8 @@ class Batcher:
         log.warning("batch_failed_splitting", batch_size=len(live))
         return [self._answers(engine, [item])[0] for item in live]
 
-    def _observe(self, live: list[Item], started: float, took: float) -> None:
+    def _observe(self, live: list[Item], started: float, took: float, padded: int) -> None:
         tokens = [_tokens(i) for i in live]
-        padded = max(tokens) * len(tokens)
         metrics.BATCH_SIZE.observe(len(live))
         metrics.BATCH_TOKENS.observe(padded)
         metrics.PADDING_EFFICIENCY.observe(sum(tokens) / padded)
@@ -305,16 +306,14 @@ class Batcher:
     def _fail_pool(self, error: Any) -> None:
         pool, self._pool = self._pool, []
         for item in pool:
-            if not item.future.cancelled():
+            if not item.future.cancelled() and not item.future.done():
                 item.future.set_exception(error())
         self.queue.release(len(pool))
 
     def _fail_all(self, error: Any) -> None:
+        """Fail the pool and everything still queued (not yet tokenized) alike."""
+        self._pool.extend(self.queue.take_new(0))
         self._fail_pool(error)
-        for item in self.queue.take_new(0):
-            if not item.future.cancelled() and not item.future.done():
-                item.future.set_exception(error())
-            self.queue.release(1)
 
 
 def _tokens(item: Item) -> int:

@@ -44,7 +44,6 @@ class Prepared:
 
     chunks: list[dict[str, Any]]
     n_tokens: int  # the longest chunk's token count (padding decides cost)
-    key: Hashable
     calls: Calls
 
 
@@ -55,6 +54,7 @@ class Calls:
     preprocess: dict[str, Any]
     forward: dict[str, Any]
     postprocess: dict[str, Any]
+    truncation: bool  # cut inputs over the model's limit (else: 422 naming the limit)
 
 
 @dataclass(eq=False)
@@ -96,6 +96,7 @@ class Engine:
             preprocess={**self.pipe._preprocess_params, **pre},
             forward={**self.pipe._forward_params, **fwd},
             postprocess={**self.pipe._postprocess_params, **post},
+            truncation=truncation,
         )
         self._calls[key] = calls
         return calls
@@ -120,10 +121,9 @@ class Engine:
         except ValueError as exc:
             raise InvalidInput(f"the pipeline rejected this input: {_safe(exc)}") from exc
         n_tokens = max(int(c["input_ids"].shape[-1]) for c in chunks)
-        truncation = bool(params.get("truncation", self.truncate_default))
-        if not truncation:
+        if not calls.truncation:
             self._check_length(text, n_tokens)
-        return Prepared(chunks=chunks, n_tokens=n_tokens, key=key, calls=calls)
+        return Prepared(chunks=chunks, n_tokens=n_tokens, calls=calls)
 
     def no_mask_message(self) -> str:
         return f"fill-mask needs the mask token {self.info.mask_token} in every input"

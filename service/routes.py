@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import platform
 from typing import Any
@@ -133,7 +134,9 @@ async def info(request: Request) -> Response:
     )
 
 
+@functools.cache
 def _versions() -> dict[str, str]:
+    """Package versions, read once (importlib.metadata scans site-packages)."""
     from importlib.metadata import version
 
     names = ("pipeline-server", "torch", "transformers", "tokenizers", "starlette", "uvicorn")

@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from service import metrics
 from service.batcher import Batcher, State
-from service.errors import DeadlineExceeded, Draining, NotReady, ServiceError
+from service.errors import BadRequest, DeadlineExceeded, Draining, NotReady, ServiceError
 from service.model import ModelInfo
 from service.params import params_key
 from service.schemas import read_body
@@ -130,8 +130,6 @@ class Runtime:
 
     def deadline(self, request: Request) -> float:
         """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it."""
-        from service.errors import BadRequest
-
         timeout = self.settings.request_timeout_s
         asked = request.headers.get("x-request-timeout")
         if asked is not None:

@@ -62,18 +62,23 @@ def parse_body(body: bytes, content_type: str | None, max_inputs: int) -> Job:
         )
     if charset is not None and charset not in _UTF8:
         raise UnsupportedMediaType(f"charset {charset!r} is not supported; send UTF-8")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest("body is not valid UTF-8") from None
     if not is_json:
+        text = _utf8(body)
         _check_not_empty(text, "input")
         return Job(inputs=[text], parameters=None, is_list=False)
     try:
-        doc = orjson.loads(text)
+        doc = orjson.loads(body)  # orjson checks UTF-8 itself: no decoded copy on the loop
     except orjson.JSONDecodeError as exc:
+        _utf8(body)  # invalid UTF-8 gets its own message
         raise BadRequest(f"malformed JSON: {exc}") from None
     return _from_json(doc, max_inputs)
+
+
+def _utf8(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("body is not valid UTF-8") from None
 
 
 def _from_json(doc: Any, max_inputs: int) -> Job:

@@ -153,5 +153,5 @@ def test_estimate_follows_batches_and_predicts_wait() -> None:
     assert not est.running() and est.predicted_wait(0) == 0
     # 10 inputs: 2 batches of overhead and 500 padded tokens
     assert est.predicted_wait(10) == pytest.approx(4e-4 * (2 * 100 + 10 * 50), rel=1e-3)
-    est.batch_started(8, 400)
+    est.batch_started(400)
     assert est.running() and est.predicted_wait(0) == pytest.approx(0.2, rel=0.05)
