@@ -5,13 +5,13 @@ on the same mixed-length inputs (``loadtest.corpus``) it measures:
 
 1. the limit, in a subprocess before any server starts (``loadtest.limit``);
 2. the real server (``pipeline-server`` console script, 127.0.0.1, a free port): the client floor
-   (/livez at the same concurrency), closed-loop clients at each level, /livez probes on the
-   idle and on the saturated server, then open-loop overload at multiples of the measured
-   capacity with a deadline (goodput, shed rate and latency, p99 of accepted requests);
+   (/livez at the same concurrency), closed-loop clients at each level, then the paired rounds
+   (``paired``: each server point between two limit (b) points measured seconds before and
+   after it by a limit process kept loaded, and one client against direct single calls in
+   turn), /livez probes on the idle and on the saturated server, then open-loop overload at
+   multiples of the measured capacity with a deadline (goodput, shed rate and latency, p99 of
+   accepted requests);
 3. the seed guide's one-at-a-time server (``loadtest.seed_server`` under uvicorn), closed loop.
-
-4. the issue's targets in rounds, each server point between two limit (b) points measured
-   seconds before and after it by a limit process kept loaded (``paired``).
 
 It prints a table and the ratios, and writes JSON and a PNG plot. Client and server share the
 machine's cores, so every server figure includes the client's CPU cost; the floor shows it.

@@ -1,6 +1,6 @@
 """The benchmark's load client: aiohttp, closed loop (N clients) or open loop (fixed rate).
 
-aiohttp rather than httpx: DESIGN.md measured httpx's pool taking ~3 s for 160 concurrent
+aiohttp rather than httpx: httpx's pool has been measured taking ~3 s for 160 concurrent
 keep-alive requests to an idle server, aiohttp ~20 ms. Bodies are read but never parsed, so the
 client's cost per answer is small; its floor is measured the same way against /livez.
 Every loop is bounded in time and in request count. Latencies are seconds.

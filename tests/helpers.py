@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 from starlette.testclient import TestClient
 
+from loadtest.servers import free_port
 from service.app import create_app
 from service.settings import Settings
 
@@ -45,12 +45,6 @@ def app_client(model: Path | None = None, **settings: Any) -> Iterator[TestClien
     with TestClient(app, raise_server_exceptions=False) as client:
         wait_ready(client.get)
         yield client
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:

@@ -23,7 +23,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from loadtest.servers import free_port
 from service.loading import default_model_dir
 
 from .helm import Manifest, container_env, only, render, server_container
@@ -90,12 +90,6 @@ def resolve_env(container: Manifest, port: int, tmp: Path) -> dict[str, str]:
     for name in ("HF_HOME", "XDG_CACHE_HOME"):  # the /cache emptyDir
         env[name] = str(tmp / env[name].lstrip("/"))
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Kubelet:

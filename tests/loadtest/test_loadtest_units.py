@@ -248,10 +248,8 @@ def test_limit_worker_answers_in_turn_and_exits(embedded_model: Path, tmp_path: 
         try:
             passes = [worker.ask(op="b", batch_size=4)["inputs_per_s"] for _ in range(2)]
             calls = worker.ask(op="calls", indices=[3, 1, 3])["ms"]
-            single = worker.ask(op="single", n=4, seconds=5)
         finally:
             worker.close()
     assert all(0 < rate < 10_000 for rate in passes)
     assert len(calls) == 3 and all(0 < ms < 10_000 for ms in calls)
-    assert single["n"] == 4 and 0 < single["p50_ms"] <= single["p99_ms"]
     assert worker.proc.returncode == 0
