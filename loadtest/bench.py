@@ -30,6 +30,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,7 @@ async def paired(
     worker: limit_mod.LimitWorker,
     batch_size: int,
     args: argparse.Namespace,
+    server_log: Path | None = None,
 ) -> dict[str, Any]:
     """The issue's targets, each server point measured in turn with its yardstick.
 
@@ -226,6 +228,9 @@ async def paired(
     A server point lasts long enough to cover about one pass over the inputs, so both sides do
     nearly the same work. The ratio of a point is server / mean(limit before, limit after); the
     summary keeps the median over ``args.rounds`` rounds.
+
+    With the server's log (``server_log``), each point is also split into what bounds it
+    (:func:`batches_alone`): the batches the server formed, replayed alone right after it.
     """
 
     def limit_b() -> float:
@@ -247,9 +252,11 @@ async def paired(
         )
         before = limit_b()
         for n in args.paired_levels:
+            offset = server_log.stat().st_size if server_log else 0
             run: dict[str, Any] = (
                 await client.closed_loop(base, reqs, n, args.paired_seconds)
             ).summary()
+            alone = batches_alone(server_log, offset, worker) if server_log else {}
             after = limit_b()
             ratio = run["inputs_per_s"] / statistics.fmean((before, after))
             levels[n].append(
@@ -260,6 +267,7 @@ async def paired(
                     "limit_b_after": after,
                     "ratio": ratio,
                     "round": rnd,
+                    **alone,
                 }
             )
             print(
@@ -267,6 +275,14 @@ async def paired(
                 f"limit (b) {after:.1f}: ratio {ratio:.2f}",
                 flush=True,
             )
+            if alone:
+                print(
+                    f"    its {alone['batches']} batches alone: "
+                    f"{alone['alone_inputs_per_s']:.1f} inputs/s; under load their forward "
+                    f"took {alone['forward_slowdown']:.2f}x as long; the inference thread ran "
+                    f"batches {alone['busy']:.0%} of the time",
+                    flush=True,
+                )
             before = after
     return {
         "batch_size": batch_size,
@@ -275,6 +291,39 @@ async def paired(
         "median_ratio": {n: statistics.median(p["ratio"] for p in ps) for n, ps in levels.items()},
         "one_client_p50_ms": statistics.median(p["p50_ms"] for p in one_client),
         "single_call_p50_ms": statistics.median(p["single_p50_ms"] for p in one_client),
+    }
+
+
+def batches_alone(log: Path, offset: int, worker: limit_mod.LimitWorker) -> dict[str, Any]:
+    """What bounds a server point, from its `batch` log lines (those written after ``offset``):
+
+    - ``alone_inputs_per_s``: the same batch shapes run back to back by the server's own
+      ``Engine.run`` in the limit process, with nothing else on the CPU: what the server's batch
+      formation would give without HTTP (compare with limit (b));
+    - ``forward_slowdown``: their summed ``inference_ms`` under load / the same alone (HTTP,
+      encoding and the load client share the cores with the model);
+    - ``busy``: the share of the point's span (first to last batch line) spent in batches.
+
+    Empty when the log has no batch lines (``--server-cmd``)."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        lines = [json.loads(raw) for raw in f if raw.startswith(b"{")]
+    batches = [x for x in lines if x.get("event") == "batch"]
+    if len(batches) < 2:
+        return {}
+    forward_s = sum(b["inference_ms"] for b in batches) / 1000
+    shapes = [[b["size"], b["padded_tokens"] // b["size"]] for b in batches]
+    alone_s = float(worker.ask(op="replay", shapes=shapes)["seconds"])
+    stamps = [datetime.fromisoformat(b["timestamp"]) for b in (batches[0], batches[-1])]
+    span_s = (stamps[1] - stamps[0]).total_seconds() + batches[0]["inference_ms"] / 1000
+    return {
+        "batches": len(batches),
+        "batch_inputs": sum(b["size"] for b in batches),
+        "padding_efficiency": sum(b["tokens"] for b in batches)
+        / sum(b["padded_tokens"] for b in batches),
+        "alone_inputs_per_s": sum(b["size"] for b in batches) / alone_s,
+        "forward_slowdown": forward_s / alone_s,
+        "busy": forward_s / span_s,
     }
 
 
@@ -318,7 +367,8 @@ async def bench_server(
     the limit in turn with it (:func:`paired`)."""
     env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
     port = servers.free_port()
-    log = args.out.with_name("bench-server.log").open("wb")
+    log_path = args.out.with_name("bench-server.log")
+    log = log_path.open("wb")
     res: dict[str, Any] = {"env": dict(kv.split("=", 1) for kv in args.env)}
     cmd = (
         [part.replace("{port}", str(port)) for part in shlex.split(args.server_cmd)]
@@ -334,7 +384,8 @@ async def bench_server(
         print("pipeline-server:", flush=True)
         res["closed"] = await closed_levels(base, reqs, args.levels, args.seconds, args)
         print(f"paired with limit (b) at batch size {batch_size}:", flush=True)
-        res["paired"] = await paired(base, reqs, worker, batch_size, args)
+        server_log = None if args.server_cmd else log_path
+        res["paired"] = await paired(base, reqs, worker, batch_size, args, server_log)
         idle_stop = asyncio.Event()
         idle = asyncio.create_task(client.probe(base, idle_stop))
         await asyncio.sleep(2)

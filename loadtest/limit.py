@@ -100,6 +100,8 @@ class Limit:
                 return model(**enc)
 
         self.run_model = run_model
+        self._engine: Any = None  # the server's path, for `replay` (loaded when first asked)
+        self._longest: Any = None
         self.run_pipeline(inputs[:8])  # warm up: first calls allocate and pick kernels
         run_model(inputs[:8])
 
@@ -120,6 +122,43 @@ class Limit:
             if start > until:
                 break
         return out
+
+    def replay(self, shapes: Sequence[Sequence[int]]) -> float:
+        """Seconds the server's own path (``service.model.Engine.run``) takes on batches of
+        these shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
+        input ``tokens`` long. A padded batch costs its shape whatever its real tokens, so this
+        is what a server point's batches cost alone; the server's log gives their shapes."""
+        from service.model import Prepared
+
+        engine = self.engine()
+        if self._longest is None:
+            longest = max(zip(self.lengths, self.inputs, strict=True))[1]
+            self._longest = engine.prepare(longest, (), {})
+        base = self._longest
+        seconds = 0.0
+        for n, length in shapes:
+            if length < base.n_tokens:  # its first length - 1 tokens and the closing one
+                keep = [*range(length - 1), -1]
+                cut = {k: v[:, keep] for k, v in base.chunks[0].items()}
+                one = Prepared(chunks=[cut], n_tokens=length, calls=base.calls)
+            else:
+                one = base
+            start = time.perf_counter()
+            engine.run([one] * n)
+            seconds += time.perf_counter() - start
+        return seconds
+
+    def engine(self) -> Any:
+        """The server's Engine (``service.loading.load_engine``, settings from the environment),
+        loaded once and warmed up."""
+        if self._engine is None:
+            from service.loading import load_engine
+            from service.model import warm_up
+            from service.settings import load_settings
+
+            self._engine = load_engine(load_settings())
+            warm_up(self._engine)
+        return self._engine
 
     def a(self, batch_size: int, budget_s: float) -> float:
         """(a): inputs/s of the pipeline on batches of ``batch_size`` in input order."""
@@ -195,10 +234,12 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     ``{"op": "b", "batch_size": 16}`` answers ``{"inputs_per_s": ...}`` for one whole pass over
     the inputs (the same work every time, so points differ only by the machine's speed);
     ``{"op": "calls", "indices": [3, 4]}`` times a direct single call on each of inputs 3 and 4,
-    back to back: ``{"ms": [..., ...]}``.
+    back to back: ``{"ms": [..., ...]}``; ``{"op": "replay", "shapes": [[8, 40], [2, 300]]}``
+    answers ``{"seconds": ...}`` for :meth:`Limit.replay` of those batch shapes.
     The benchmark keeps this process loaded and idle while it measures the server, and asks
     for limit points in turn with server points (:class:`LimitWorker`).
     """
+    lim.engine()  # loaded now, not in the middle of a paired round
     stdout.write(json.dumps({"ready": True}) + "\n")
     stdout.flush()
     for line in stdin:
@@ -206,6 +247,8 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
         answer: dict[str, Any]
         if req["op"] == "calls":
             answer = {"ms": lim.single_calls_of([lim.inputs[i] for i in req["indices"]])}
+        elif req["op"] == "replay":
+            answer = {"seconds": lim.replay(req["shapes"])}
         else:
             answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf)}
         stdout.write(json.dumps(answer) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import statistics
 from importlib import metadata
 from typing import Any
 
@@ -62,6 +63,15 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     if pair := srv.get("paired"):  # measured in turn, seconds apart (bench.paired)
         for n, ratio in pair["median_ratio"].items():
             out[f"paired_server_over_limit_b_at_{n}_clients"] = float(ratio)
+        for n, points in pair["levels"].items():  # what bounds each point (bench.batches_alone)
+            split = [p for p in points if "alone_inputs_per_s" in p]
+            if split:
+                out[f"paired_batches_alone_over_limit_b_at_{n}_clients"] = statistics.median(
+                    p["alone_inputs_per_s"] / statistics.fmean(_limits(p)) for p in split
+                )
+                out[f"paired_forward_slowdown_at_{n}_clients"] = statistics.median(
+                    p["forward_slowdown"] for p in split
+                )
         out["paired_p50_one_client_ms"] = float(pair["one_client_p50_ms"])
         out["paired_p50_one_client_target_ms"] = p50_target_ms(pair["single_call_p50_ms"])
         out["paired_single_call_p50_ms"] = float(pair["single_call_p50_ms"])
@@ -163,25 +173,42 @@ def _paired_rows(pair: dict[str, Any] | None) -> list[str]:
         return []
     rows = [
         f"| {p['round']} | {n} clients | {p['limit_b_before']:.1f} | {p['inputs_per_s']:.1f} | "
-        f"{p['limit_b_after']:.1f} | {p['ratio']:.2f} |"
+        f"{p['limit_b_after']:.1f} | {p['ratio']:.2f} | {_bounds(p)}"
         for n, points in pair["levels"].items()
         for p in points
     ]
     ones = [
         f"| {p['round']} | 1 client, p50 ms | direct call {p['single_p50_ms']:.1f} | "
-        f"{p['p50_ms']:.1f} | | {p['p50_ms'] / p50_target_ms(p['single_p50_ms']):.2f} of target |"
+        f"{p['p50_ms']:.1f} | | {p['p50_ms'] / p50_target_ms(p['single_p50_ms']):.2f} of target "
+        "| | | |"
         for p in pair["one_client"]
     ]
     return [
         f"Paired rounds (limit (b) at batch size {pair['batch_size']}, one whole pass over the "
-        "inputs, measured right before and after each server point):",
+        "inputs, measured right before and after each server point). What bounds a point: its "
+        "batches replayed alone by the server's own Engine right after it (inputs/s), how much "
+        "longer their forward took under load, and the share of the point spent in batches:",
         "",
-        "| round | server point | limit (b) before | server | limit (b) after | ratio |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| round | server point | limit (b) before | server | limit (b) after | ratio "
+        "| batches alone | forward under load | busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *ones,
         *rows,
         "",
     ]
+
+
+def _limits(point: dict[str, Any]) -> tuple[float, float]:
+    return point["limit_b_before"], point["limit_b_after"]
+
+
+def _bounds(point: dict[str, Any]) -> str:
+    if "alone_inputs_per_s" not in point:
+        return "| | |"
+    return (
+        f"{point['alone_inputs_per_s']:.1f} | {point['forward_slowdown']:.2f}x | "
+        f"{point['busy']:.0%} |"
+    )
 
 
 def _overload_rows(over: dict[str, Any]) -> list[str]:

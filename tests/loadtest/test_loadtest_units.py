@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -198,8 +199,13 @@ def test_paired_ratios_are_medians_of_points_between_their_limits() -> None:
                     "inputs_per_s": s,
                     "limit_b_after": a,
                     "ratio": s / ((b + a) / 2),
+                    "alone_inputs_per_s": alone,
+                    "forward_slowdown": slow,
+                    "busy": 0.97,
                 }
-                for i, (b, s, a) in enumerate(points, 1)
+                for i, ((b, s, a), alone, slow) in enumerate(
+                    zip(points, (42.0, 43.0, 46.0), (1.2, 1.1, 1.3), strict=True), 1
+                )
             ]
         },
         "one_client": [{"round": 1, "p50_ms": 30.0, "single_p50_ms": 25.0, "n": 100}],
@@ -210,9 +216,55 @@ def test_paired_ratios_are_medians_of_points_between_their_limits() -> None:
     result["ratios"] = ratios = report.ratios(result)
     assert ratios["paired_server_over_limit_b_at_64_clients"] == pytest.approx(0.8889, abs=1e-4)
     assert ratios["paired_p50_one_client_target_ms"] == pytest.approx(29.5)
+    # batches alone over the mean of their limits: 42/45, 43/40, 46/45 -> median 46/45
+    assert ratios["paired_batches_alone_over_limit_b_at_64_clients"] == pytest.approx(46 / 45)
+    assert ratios["paired_forward_slowdown_at_64_clients"] == pytest.approx(1.2)
     text = report.table(result)
-    assert "| 2 | 64 clients | 45.0 | 38.0 | 35.0 | 0.95 |" in text
+    assert "| 2 | 64 clients | 45.0 | 38.0 | 35.0 | 0.95 | 43.0 | 1.10x | 97% |" in text
     assert "| 1 | 1 client, p50 ms | direct call 25.0 | 30.0 | | 1.02 of target |" in text
+
+
+def test_batches_alone_reads_the_points_batch_lines(tmp_path: Path) -> None:
+    from loadtest.bench import batches_alone
+
+    def line(ts: str, size: int, tokens: int, padded: int, ms: float) -> str:
+        return json.dumps(
+            {
+                "event": "batch",
+                "timestamp": f"2026-01-01T00:00:{ts}Z",
+                "size": size,
+                "tokens": tokens,
+                "padded_tokens": padded,
+                "inference_ms": ms,
+            }
+        )
+
+    log = tmp_path / "server.log"
+    earlier = line("00.0", 9, 90, 90, 999.0) + "\n"
+    log.write_text(
+        earlier
+        + "not json\n"
+        + line("01.0", 4, 300, 400, 500.0)
+        + "\n"
+        + json.dumps({"event": "request", "latency_ms": 3})
+        + "\n"
+        + line("02.0", 2, 100, 120, 500.0)
+        + "\n"
+    )
+    asked: list[dict[str, object]] = []
+
+    class Worker:
+        def ask(self, **req: object) -> dict[str, float]:
+            asked.append(req)
+            return {"seconds": 0.8}
+
+    split = batches_alone(log, len(earlier), Worker())  # type: ignore[arg-type]
+    assert asked == [{"op": "replay", "shapes": [[4, 100], [2, 60]]}]
+    assert split["batches"] == 2 and split["batch_inputs"] == 6
+    assert split["alone_inputs_per_s"] == pytest.approx(6 / 0.8)
+    assert split["forward_slowdown"] == pytest.approx(1.0 / 0.8)
+    assert split["busy"] == pytest.approx(1.0 / 1.5)  # 1 s apart, plus the first batch's 0.5 s
+    assert split["padding_efficiency"] == pytest.approx(400 / 520)
 
 
 def test_disturbed_points_are_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,8 +300,11 @@ def test_limit_worker_answers_in_turn_and_exits(embedded_model: Path, tmp_path: 
         try:
             passes = [worker.ask(op="b", batch_size=4)["inputs_per_s"] for _ in range(2)]
             calls = worker.ask(op="calls", indices=[3, 1, 3])["ms"]
+            small = worker.ask(op="replay", shapes=[[1, 8]])["seconds"]
+            large = worker.ask(op="replay", shapes=[[16, 128], [16, 128]])["seconds"]
         finally:
             worker.close()
     assert all(0 < rate < 10_000 for rate in passes)
     assert len(calls) == 3 and all(0 < ms < 10_000 for ms in calls)
+    assert 0 < small < large  # 8 tokens once against 2 x 16 x 128 padded tokens
     assert worker.proc.returncode == 0
