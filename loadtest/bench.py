@@ -472,13 +472,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     with args.out.with_name("bench-limit-worker.log").open("wb") as worker_log:
         worker = limit_mod.LimitWorker(args.inputs, servers.REPO_ROOT, worker_log)
         try:
-            result["server"] = asyncio.run(
+            result["server"] = client.run(
                 bench_server(args, reqs, worker, int(limit["limit_b_batch_size"]))
             )
         finally:
             worker.close()
     if not args.no_baseline:
-        result["baseline"] = asyncio.run(bench_baseline(args, reqs))
+        result["baseline"] = client.run(bench_baseline(args, reqs))
     result["machine"]["loadavg_after"] = os.getloadavg()
     result["ratios"] = report.ratios(result)
     result["wall_s"] = time.monotonic() - started

@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import aiohttp
 
 from loadtest.stats import latency_summary
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,17 @@ class Result:
             "statuses": self.statuses(),
             "dropped": self.dropped,
         }
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on uvloop, the server's own loop, where it is installed (it comes with
+    uvicorn[standard] on Linux): the client shares the cores with the server under test, and on
+    uvloop it spent about a tenth less CPU per 400 KB answer here."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def session(limit: int) -> aiohttp.ClientSession:

@@ -44,7 +44,8 @@ class Runtime:
         self.settings = settings
         self.batcher = batcher
         self.draining = False
-        self._drain_over: asyncio.Event | None = None
+        # Resolved when the drain time ends; one future every waiter watches (no task each).
+        self._drain_over: asyncio.Future[None] | None = None
         self._drain_ends_at: float | None = None  # monotonic; set on SIGTERM
         self._reading: set[asyncio.Timeout] = set()  # body reads under way (`receive`)
 
@@ -56,7 +57,7 @@ class Runtime:
         readiness off and starts the drain clock (README, Overload, deadlines and shutdown).
         """
         loop = asyncio.get_running_loop()
-        self._drain_over = asyncio.Event()
+        self._drain_over = loop.create_future()
         self.batcher.start()
         previous = signal.getsignal(signal.SIGTERM)
 
@@ -80,7 +81,7 @@ class Runtime:
         self.batcher.drain_deadline = self._drain_ends_at
         assert self._drain_over is not None
         loop = asyncio.get_running_loop()
-        loop.call_later(drain_s, self._drain_over.set)
+        loop.call_later(drain_s, self._drain_over.set_result, None)
         for timeout in self._reading:  # bodies still arriving: at the drain end at the latest
             when = timeout.when()
             timeout.reschedule(min(when if when is not None else math.inf, loop.time() + drain_s))
@@ -177,9 +178,9 @@ class Runtime:
         results: asyncio.Future[list[Any]] = asyncio.gather(
             *(asyncio.wrap_future(i.future) for i in items)
         )
-        assert self._drain_over is not None
+        drain_over = self._drain_over
+        assert drain_over is not None
         gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
-        drain_over: asyncio.Future[Any] = asyncio.ensure_future(self._drain_over.wait())
         try:
             timeout = max(0.0, deadline - time.monotonic())
             waiting: set[asyncio.Future[Any]] = {results, gone, drain_over}
@@ -197,7 +198,6 @@ class Runtime:
             raise error
         finally:
             gone.cancel()
-            drain_over.cancel()
             results.cancel()
             # Inputs cancelled above end the gather with CancelledError as its exception, after
             # this returns: retrieve it, or asyncio logs an error line per abandoned request.
