@@ -51,7 +51,7 @@ unit: $(VENV)/.dev  ## the fast in-process suite only
 image-test:  ## build the image with podman and test it (minutes; root on Debian)
 	bash tests/image/run.sh
 
-bench: $(VENV)/.dev  ## the side-by-side benchmark (about 10 minutes; --quick about 5)
+bench: $(VENV)/.dev  ## the side-by-side benchmark (about 12 minutes; --quick about 4)
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
 
 HOST_URL ?= http://127.0.0.1:8000

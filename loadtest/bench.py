@@ -1,6 +1,6 @@
 """Benchmark: pipeline-server beside its limit, the seed baseline and the load client's floor.
 
-One command: ``python -m loadtest.bench`` (about 10 minutes; ``--quick`` about 5). In one run and
+One command: ``python -m loadtest.bench`` (about 12 minutes; ``--quick`` about 4). In one run and
 on the same mixed-length inputs (``loadtest.corpus``) it measures:
 
 1. the limit, in a subprocess before any server starts (``loadtest.limit``);
