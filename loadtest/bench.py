@@ -307,8 +307,8 @@ def batches_alone(log: Path, offset: int, worker: limit_mod.LimitWorker) -> dict
     Empty when the log has no batch lines (``--server-cmd``)."""
     with log.open("rb") as f:
         f.seek(offset)
-        lines = [json.loads(raw) for raw in f if raw.startswith(b"{")]
-    batches = [x for x in lines if x.get("event") == "batch"]
+        lines = f.read().splitlines()
+    batches = [x for x in map(_json_line, lines) if x.get("event") == "batch"]
     if len(batches) < 2:
         return {}
     forward_s = sum(b["inference_ms"] for b in batches) / 1000
@@ -325,6 +325,15 @@ def batches_alone(log: Path, offset: int, worker: limit_mod.LimitWorker) -> dict
         "forward_slowdown": forward_s / alone_s,
         "busy": forward_s / span_s,
     }
+
+
+def _json_line(raw: bytes) -> dict[str, Any]:
+    """One JSON log line as a dict; {} for anything else (a console line, a line being written)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 async def one_client_in_turn(

@@ -139,7 +139,10 @@ class Limit:
         for n, length in shapes:
             if length < base.n_tokens:  # its first length - 1 tokens and the closing one
                 keep = [*range(length - 1), -1]
-                cut = {k: v[:, keep] for k, v in base.chunks[0].items()}
+                cut = {
+                    k: v[:, keep] if getattr(v, "ndim", 0) >= 2 else v  # [1, tokens, ...]
+                    for k, v in base.chunks[0].items()
+                }
                 one = Prepared(chunks=[cut], n_tokens=length, calls=base.calls)
             else:
                 one = base

@@ -250,7 +250,7 @@ class Batcher:
         self.estimate.observe(took, len(live), padded)
         # Metrics and the batch's log line first: once the futures resolve, the event loop
         # wants the GIL to answer, and this thread holding it (and the log handler's lock)
-        # meanwhile delayed every answer by ~0.5 ms at one client (README, Benchmarks).
+        # meanwhile delayed every answer by ~0.45 ms at one client (README, Benchmarks).
         self._observe(live, now, took, padded)
         for item, answer in zip(live, answers, strict=True):
             if isinstance(answer, BaseException):

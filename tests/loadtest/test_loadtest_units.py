@@ -250,6 +250,7 @@ def test_batches_alone_reads_the_points_batch_lines(tmp_path: Path) -> None:
         + "\n"
         + line("02.0", 2, 100, 120, 500.0)
         + "\n"
+        + '{"event": "batch", "size'  # a line still being written
     )
     asked: list[dict[str, object]] = []
 
