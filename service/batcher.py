@@ -15,10 +15,12 @@ is resolved (infinity's model thread is the counter-example).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import InvalidStateError
 from enum import StrEnum
 from typing import Any
 
@@ -109,8 +111,7 @@ class Batcher:
             log.exception("inference_thread_crashed")
             self._mark_failed("inference thread crashed")
             for item in self._running:  # already marked running: only we can answer them
-                if not item.future.done():
-                    item.future.set_exception(InferenceFailed("the inference thread failed"))
+                _fail(item, InferenceFailed("the inference thread failed"))
             raise
         finally:
             if self.state is not State.FAILED:
@@ -174,12 +175,12 @@ class Batcher:
             try:
                 item.prepared = engine.prepare(item.text, item.key, item.params)
             except ServiceError as exc:
-                item.future.set_exception(exc)
+                _fail(item, exc)
                 gone += 1
                 continue
             except Exception:
                 log.exception("prepare_failed")
-                item.future.set_exception(InferenceFailed("the model failed on this input"))
+                _fail(item, InferenceFailed("the model failed on this input"))
                 gone += 1
                 continue
             self._pool.append(item)
@@ -299,7 +300,7 @@ class Batcher:
             return True
         if time.monotonic() >= item.deadline:
             metrics.EXPIRED.labels("queued").inc()
-            item.future.set_exception(DeadlineExceeded("the request deadline passed in the queue"))
+            _fail(item, DeadlineExceeded("the request deadline passed in the queue"))
             return True
         return False
 
@@ -309,14 +310,21 @@ class Batcher:
     def _fail_pool(self, error: Any) -> None:
         pool, self._pool = self._pool, []
         for item in pool:
-            if not item.future.cancelled() and not item.future.done():
-                item.future.set_exception(error())
+            _fail(item, error())
         self.queue.release(len(pool))
 
     def _fail_all(self, error: Any) -> None:
         """Fail the pool and everything still queued (not yet tokenized) alike."""
         self._pool.extend(self.queue.take_new(0))
         self._fail_pool(error)
+
+
+def _fail(item: Item, error: BaseException) -> None:
+    """Answer `item` with `error`, unless it is already settled: the event loop cancels a
+    queued input whenever its request ends (a sibling input failed, the deadline passed, the
+    client left), and that can happen between any check here and this call."""
+    with contextlib.suppress(InvalidStateError):
+        item.future.set_exception(error)
 
 
 def _tokens(item: Item) -> int:

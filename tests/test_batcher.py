@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from service.batcher import Batcher, State
-from service.errors import DeadlineExceeded, InferenceFailed, Overloaded
+from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
 from service.loading import load_engine
 from service.model import Engine, Prepared
 from service.params import params_key
@@ -30,8 +30,11 @@ class RecordingEngine:
         self.hold = threading.Event()
         self.hold.set()
         self.poison: str | None = None
+        self.before_prepare: Callable[[str], object] | None = None
 
     def prepare(self, text: str, key: Any, params: dict[str, Any]) -> Prepared:
+        if self.before_prepare is not None:
+            self.before_prepare(text)
         prepared = self.engine.prepare(text, key, params)
         self.texts[id(prepared)] = text
         return prepared
@@ -162,6 +165,27 @@ def test_a_failing_input_fails_alone_and_the_thread_lives_on(
     b.queue.offer(after, b.estimate)
     assert isinstance(after[0].future.result(10), list)
     assert b.live() == (True, "ready")
+
+
+def test_an_input_cancelled_while_it_is_tokenized_does_not_stop_the_thread(
+    batcher: tuple[Batcher, RecordingEngine],
+) -> None:
+    """The loop cancels a request's other inputs as soon as one fails, at any moment; here it
+    happens while the thread tokenizes an input that the model then rejects (no mask)."""
+    b, engine = batcher
+    doomed = items(["first has no mask", "second has none either"])
+    engine.before_prepare = lambda text: text.startswith("second") and doomed[1].future.cancel()
+    b.queue.offer(doomed, b.estimate)
+    with pytest.raises(InvalidInput):
+        doomed[0].future.result(10)
+    until = time.monotonic() + 10
+    while b.queue.depth and time.monotonic() < until:
+        time.sleep(0.005)
+    assert doomed[1].future.cancelled() and b.queue.depth == 0
+    later = items(["still [MASK] serving"])
+    b.queue.offer(later, b.estimate)
+    assert isinstance(later[0].future.result(10), list)
+    assert b.state is State.READY and b.live() == (True, "ready")
 
 
 def test_queue_bound_counts_inputs_and_sheds_all_or_none(

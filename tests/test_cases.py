@@ -56,6 +56,19 @@ def test_c01_over_length_is_422_naming_the_limit(any_client: TestClient) -> None
     assert_control(any_client, any_client.fill_mask)  # type: ignore[attr-defined]
 
 
+def test_c01_a_list_of_over_length_inputs_is_422_and_the_server_lives_on(
+    any_client: TestClient,
+) -> None:
+    """The first failing input ends the request, which cancels its other inputs while the
+    thread may still be tokenizing them (that once killed the inference thread)."""
+    text = LONG + ("[MASK]" if any_client.fill_mask else "")  # type: ignore[attr-defined]
+    for _ in range(3):
+        r = any_client.post("/", json={"inputs": [text] * 4})
+        assert_clean_error(r, 422, "inputs[0]", "512 tokens")
+        assert any_client.get("/livez").status_code == 200
+    assert_control(any_client, any_client.fill_mask)  # type: ignore[attr-defined]
+
+
 def test_c01_truncation_answers_200(any_client: TestClient) -> None:
     text = "[MASK] " + LONG if any_client.fill_mask else LONG  # type: ignore[attr-defined]
     r = any_client.post("/", json={"inputs": text, "parameters": {"truncation": True}})
