@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 
 _MAX_CACHED_PARAMETER_SETS = 256
+# Fill-mask answers at most this many predictions per input (mask tokens x top_k). The pipeline
+# decodes the whole input once per prediction, so without a bound one short request with many
+# masks and a top_k clamped to the vocabulary held the model for minutes (README, Parameters).
+MAX_FILL_MASK_PREDICTIONS = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +127,22 @@ class Engine:
         n_tokens = max(int(c["input_ids"].shape[-1]) for c in chunks)
         if not calls.truncation:
             self._check_length(text, n_tokens)
+        if self.info.mask_token is not None:
+            self._check_predictions(chunks[0]["input_ids"], calls)
         return Prepared(chunks=chunks, n_tokens=n_tokens, calls=calls)
+
+    def _check_predictions(self, input_ids: Any, calls: Calls) -> None:
+        """Fill-mask: at most MAX_FILL_MASK_PREDICTIONS predictions (masks x top_k) per input."""
+        masks = int((input_ids == self.pipe.tokenizer.mask_token_id).sum())
+        top_k = int(calls.postprocess.get("top_k", 5))
+        targets = calls.postprocess.get("target_ids")
+        if targets is not None:
+            top_k = min(top_k, int(targets.shape[0]))  # what the pipeline's postprocess does
+        if masks * top_k > MAX_FILL_MASK_PREDICTIONS:
+            raise InvalidInput(
+                f"{masks} mask token(s) x top_k {top_k} is {masks * top_k} predictions; at most "
+                f"{MAX_FILL_MASK_PREDICTIONS} per input (lower top_k or send fewer masks)"
+            )
 
     def no_mask_message(self) -> str:
         return f"fill-mask needs the mask token {self.info.mask_token} in every input"

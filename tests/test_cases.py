@@ -220,6 +220,20 @@ def test_c09_null_top_k_is_the_default_and_empty_targets_422(
     assert_control(fill_mask_client, True)
 
 
+def test_c09_predictions_per_input_are_bounded(fill_mask_client: TestClient) -> None:
+    """Mask tokens x top_k <= 1000: the pipeline decodes the whole input once per prediction,
+    so an unbounded product let one short request hold the model for minutes."""
+    ten = " ".join(["[MASK]"] * 10)
+    r = fill_mask_client.post("/", json={"inputs": ten, "parameters": {"top_k": 100}})
+    assert r.status_code == 200, r.text
+    assert [len(row) for row in r.json()] == [100] * 10
+    r = fill_mask_client.post("/", json={"inputs": ten + " [MASK]", "parameters": {"top_k": 100}})
+    assert_clean_error(r, 422, "11 mask token(s) x top_k 100 is 1100 predictions", "1000")
+    many = {"inputs": "[MASK] " * 500, "parameters": {"top_k": 1_000_000}}
+    assert_clean_error(fill_mask_client.post("/", json=many), 422, "predictions")
+    assert_control(fill_mask_client, True)
+
+
 @pytest.mark.parametrize(
     "bad, status",
     [
