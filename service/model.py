@@ -119,7 +119,13 @@ class Engine:
             out = self.pipe.preprocess(text, **calls.preprocess)
             chunks = list(out) if isinstance(self.pipe, ChunkPipeline) else [out]
         except PipelineException as exc:
-            if self.info.mask_token and "mask_token" in str(exc):
+            mask = self.info.mask_token
+            if mask and "mask_token" in str(exc):
+                if calls.truncation and mask in text:  # it was there, past the cut
+                    raise InvalidInput(
+                        f"truncation cut off the mask token {mask}: this model keeps the first "
+                        f"{self.info.max_input_tokens} tokens (put the mask earlier)"
+                    ) from exc
                 raise InvalidInput(self.no_mask_message()) from exc
             raise InvalidInput(f"the pipeline rejected this input: {_safe(exc)}") from exc
         except ValueError as exc:

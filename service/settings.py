@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
     model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lowercase(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value  # LOG_LEVEL=DEBUG works too
+
     @field_validator("task")
     @classmethod
     def _task_is_supported(cls, task: str | None) -> str | None:

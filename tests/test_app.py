@@ -75,6 +75,8 @@ def test_content_types(embedded_client: TestClient) -> None:
 def test_info_describes_model_and_settings(embedded_client: TestClient) -> None:
     info = embedded_client.get("/info").json()
     assert info["model"]["task"] == "feature-extraction"
+    assert info["model"]["model_id"].startswith("sentence-transformers/all-MiniLM-L6-v2")
+    assert "site-packages" not in embedded_client.get("/info").text  # no install paths
     assert info["model"]["max_input_tokens"] == 512
     assert info["model"]["torch_threads"] >= 1
     assert info["batching"]["max_batch_size"] == 32

@@ -220,6 +220,13 @@ def test_c09_null_top_k_is_the_default_and_empty_targets_422(
     assert_control(fill_mask_client, True)
 
 
+def test_c01_truncation_that_cuts_the_mask_says_so(fill_mask_client: TestClient) -> None:
+    body = {"inputs": LONG + " [MASK]", "parameters": {"truncation": True}}
+    r = fill_mask_client.post("/", json=body)
+    assert_clean_error(r, 422, "truncation cut off the mask token [MASK]", "first 512 tokens")
+    assert_control(fill_mask_client, True)
+
+
 def test_c09_predictions_per_input_are_bounded(fill_mask_client: TestClient) -> None:
     """Mask tokens x top_k <= 1000: the pipeline decodes the whole input once per prediction,
     so an unbounded product let one short request hold the model for minutes."""

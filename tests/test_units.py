@@ -58,6 +58,13 @@ def test_empty_variable_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.max_batch_tokens is None and s.api_key is None
 
 
+def test_log_level_and_format_take_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("LOG_FORMAT", "Console")
+    s = load_settings()
+    assert (s.log_level, s.log_format) == ("debug", "console")
+
+
 def test_settings_are_frozen() -> None:
     with pytest.raises(Exception, match="frozen"):
         Settings().max_batch_size = 4  # type: ignore[misc]
