@@ -109,8 +109,9 @@ class Engine:
     def prepare(self, text: str, key: Hashable, params: dict[str, Any]) -> Prepared:
         """Tokenize one input with the pipeline's `preprocess`; check its length exactly.
 
-        Raises `InvalidInput` for an input the pipeline rejects (no mask token) or one over
-        the model's token limit when truncation is off (the message names the limit).
+        Raises `InvalidInput` for an input the pipeline rejects (no mask token), one over
+        the model's token limit when truncation is off (the message names the limit), and a
+        fill-mask input asking for more than MAX_FILL_MASK_PREDICTIONS (masks x top_k).
         """
         from transformers.pipelines.base import ChunkPipeline, PipelineException
 
