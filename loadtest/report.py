@@ -67,7 +67,8 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
             split = [p for p in points if "alone_inputs_per_s" in p]
             if split:
                 out[f"paired_batches_alone_over_limit_b_at_{n}_clients"] = statistics.median(
-                    p["alone_inputs_per_s"] / statistics.fmean(_limits(p)) for p in split
+                    p["alone_inputs_per_s"] * 2 / (p["limit_b_before"] + p["limit_b_after"])
+                    for p in split
                 )
                 out[f"paired_forward_slowdown_at_{n}_clients"] = statistics.median(
                     p["forward_slowdown"] for p in split
@@ -196,10 +197,6 @@ def _paired_rows(pair: dict[str, Any] | None) -> list[str]:
         *rows,
         "",
     ]
-
-
-def _limits(point: dict[str, Any]) -> tuple[float, float]:
-    return point["limit_b_before"], point["limit_b_after"]
 
 
 def _bounds(point: dict[str, Any]) -> str:

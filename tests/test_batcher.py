@@ -174,7 +174,12 @@ def test_an_input_cancelled_while_it_is_tokenized_does_not_stop_the_thread(
     happens while the thread tokenizes an input that the model then rejects (no mask)."""
     b, engine = batcher
     doomed = items(["first has no mask", "second has none either"])
-    engine.before_prepare = lambda text: text.startswith("second") and doomed[1].future.cancel()
+
+    def the_loop_cancels_the_second(text: str) -> None:
+        if text.startswith("second"):
+            doomed[1].future.cancel()
+
+    engine.before_prepare = the_loop_cancels_the_second
     b.queue.offer(doomed, b.estimate)
     with pytest.raises(InvalidInput):
         doomed[0].future.result(10)
