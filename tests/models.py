@@ -74,3 +74,100 @@ def _forget_model_max_length(folder: Path) -> None:
     config = json.loads(config_file.read_text())
     config.pop("model_max_length", None)
     config_file.write_text(json.dumps(config))
+
+
+POOLING_LEGACY_KEYS = {  # the booleans sentence-transformers < 6 writes, in its order
+    "cls": "pooling_mode_cls_token",
+    "max": "pooling_mode_max_tokens",
+    "mean": "pooling_mode_mean_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
+
+
+def build_sentence_model(
+    folder: Path,
+    modes: tuple[str, ...],
+    *,
+    include_prompt: bool = True,
+    normalize: bool = True,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    max_seq_length: int | None = 64,
+    do_lower_case: bool = False,
+    cased_tokenizer: bool = False,
+    padding_side: str = "right",
+    legacy: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny sentence-transformers model (BertModel + tokenizer + the module files) into
+    `folder`, as sentence-transformers saves one: `legacy` writes the pre-6 module type names and
+    pooling booleans (as all-MiniLM-L6-v2 ships), else ST 6's names and `pooling_mode` list.
+    `cased_tokenizer` saves a tokenizer that does not lower-case (for `do_lower_case`)."""
+    import json
+
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {token: i for i, token in enumerate(vocabulary())}
+    tokenizer = BertTokenizer(vocab=vocab, do_lower_case=not cased_tokenizer)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+    )
+    torch.manual_seed(seed)
+    BertModel(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    _forget_model_max_length(folder)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["padding_side"] = padding_side  # save_pretrained leaves it out
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+
+    def write(name: str, content: object) -> None:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(content, indent=2))
+
+    prefix = "sentence_transformers.models." if legacy else "sentence_transformers."
+    types = (
+        ["Transformer", "Pooling", "Normalize"]
+        if legacy
+        else [
+            "base.modules.transformer.Transformer",
+            "sentence_transformer.modules.pooling.Pooling",
+            "base.modules.normalize.Normalize",
+        ]
+    )
+    paths = ["", "1_Pooling", "2_Normalize"][: 3 if normalize else 2]
+    write(
+        "modules.json",
+        [
+            {"idx": i, "name": str(i), "path": path, "type": prefix + kind}
+            for i, (path, kind) in enumerate(zip(paths, types, strict=False))
+        ],
+    )
+    if legacy:
+        pooling: dict[str, object] = {"word_embedding_dimension": config.hidden_size}
+        pooling |= {key: mode in modes for mode, key in POOLING_LEGACY_KEYS.items()}
+    else:
+        pooling = {"embedding_dimension": config.hidden_size, "pooling_mode": list(modes)}
+    write("1_Pooling/config.json", {**pooling, "include_prompt": include_prompt})
+    if normalize and not legacy:  # all-MiniLM-L6-v2 lists 2_Normalize but ships no folder
+        write("2_Normalize/config.json", {"module_input_name": "sentence_embedding"})
+    bert_config: dict[str, object] = {"do_lower_case": do_lower_case}
+    if max_seq_length is not None:
+        bert_config["max_seq_length"] = max_seq_length
+    write("sentence_bert_config.json", bert_config)
+    model_config: dict[str, object] = {
+        "model_type": "SentenceTransformer",
+        "prompts": prompts or {},
+    }
+    if default_prompt_name is not None:
+        model_config["default_prompt_name"] = default_prompt_name
+    write("config_sentence_transformers.json", model_config)
+    return folder
