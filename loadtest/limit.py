@@ -124,28 +124,22 @@ class Limit:
         return out
 
     def replay(self, shapes: Sequence[Sequence[int]]) -> float:
-        """Seconds the server's own path (``service.model.Engine.run``) takes on batches of
-        these shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
+        """Seconds the server's own path (its engine's ``run``) takes on batches of these
+        shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
         input ``tokens`` long. A padded batch costs its shape whatever its real tokens, so this
         is what a server point's batches cost alone; the server's log gives their shapes."""
-        from service.model import Prepared
+        from dataclasses import replace
+
+        from service.model import sample_unit
 
         engine = self.engine()
         if self._longest is None:
             longest = max(zip(self.lengths, self.inputs, strict=True))[1]
-            self._longest = engine.prepare(longest, (), {})
-        base = self._longest
+            unit = sample_unit(engine.info, longest)
+            self._longest = engine.prepare(replace(unit, params={**unit.params, "truncate": True}))
         seconds = 0.0
         for n, length in shapes:
-            if length < base.n_tokens:  # its first length - 1 tokens and the closing one
-                keep = [*range(length - 1), -1]
-                cut = {
-                    k: v[:, keep] if getattr(v, "ndim", 0) >= 2 else v  # [1, tokens, ...]
-                    for k, v in base.chunks[0].items()
-                }
-                one = Prepared(chunks=[cut], n_tokens=length, calls=base.calls)
-            else:
-                one = base
+            one = _cut(self._longest, length)
             start = time.perf_counter()
             engine.run([one] * n)
             seconds += time.perf_counter() - start
@@ -304,6 +298,31 @@ class LimitWorker:
         except Exception:
             self.proc.kill()
             raise
+
+
+def _cut(prepared: Any, length: int) -> Any:
+    """A copy of a prepared input keeping its first ``length - 1`` tokens and the closing one."""
+    import dataclasses
+
+    from service.encoder import Encoded
+
+    if length >= prepared.n_tokens:
+        return prepared
+    keep = [*range(length - 1), -1]
+    payload = prepared.payload
+    if isinstance(payload, Encoded):
+        types = payload.type_ids
+        cut: Any = Encoded(
+            ids=[payload.ids[i] for i in keep],
+            type_ids=None if types is None else [types[i] for i in keep],
+            prompt_tokens=0,
+        )
+    else:  # the pipeline engine's chunks: tensors of [1, tokens, ...]
+        chunk = {
+            k: v[:, keep] if getattr(v, "ndim", 0) >= 2 else v for k, v in payload.chunks[0].items()
+        }
+        cut = dataclasses.replace(payload, chunks=[chunk])
+    return dataclasses.replace(prepared, n_tokens=length, payload=cut)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,9 +21,11 @@ from service.batcher import Batcher
 from service.errors import MethodNotAllowed, NotFound, ServiceError
 from service.loading import load_engine
 from service.log import configure_logging
-from service.routes import ROUTES, json_response
+from service.protocols.serving import json_response
+from service.routes import INFERENCE_PATHS, ROUTES
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
+from service.shed import ShedGate
 
 log = structlog.get_logger("service.app")
 
@@ -44,8 +46,9 @@ class RequestContext:
             return
         started = time.perf_counter()
         sent = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"").decode("latin-1")
-        request_id = sent if _SANE_ID.match(sent) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        request_id = sent if _SANE_ID.match(sent) else os.urandom(16).hex()
+        state = scope.setdefault("state", {})
+        state["request_id"], state["arrived"] = request_id, time.monotonic()
         status, started_response = 500, False
 
         async def send_with_id(message: Message) -> None:
@@ -105,6 +108,7 @@ def _error_body(request: Request, exc: ServiceError) -> Response:
 
 async def _on_service_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
+    metrics.count_shed(exc)
     return _error_body(request, exc)
 
 
@@ -144,6 +148,9 @@ def create_app(settings: Settings | None = None, engine_factory: Any = load_engi
     )
     # No 307 from /readyz/ to /readyz: the redirect echoes the client's Host header.
     app.router.redirect_slashes = False
+    # Inner first: sheds from the head come before routing, inside the request context (ids,
+    # the log line and the request metrics are the same for every answer).
+    app.add_middleware(ShedGate, runtime=runtime, paths=INFERENCE_PATHS)
     app.add_middleware(RequestContext)
     app.state.runtime = runtime
     return app

@@ -34,6 +34,7 @@ from service.errors import (
     InferenceFailed,
     ServiceError,
 )
+from service.jobs import NO_FORWARD
 from service.loading import load_engine
 from service.model import Engine, ModelInfo, calibrate, warm_up
 from service.selection import MAX_PASSES, best_run
@@ -146,7 +147,7 @@ class Batcher:
             load_s=round(loaded_s, 3),
             warmup_s=round(warm_s, 4),
             overhead_tokens=round(cost.overhead_tokens, 1),
-            **{k: v for k, v in vars(engine.info).items()},
+            **engine.info.summary(),
         )
         self.heartbeat = time.monotonic()
         self.state = State.READY
@@ -173,7 +174,7 @@ class Batcher:
                 gone += 1
                 continue
             try:
-                item.prepared = engine.prepare(item.text, item.key, item.params)
+                item.prepared = engine.prepare(item.unit)
             except ServiceError as exc:
                 _fail(item, exc)
                 gone += 1
@@ -183,21 +184,27 @@ class Batcher:
                 _fail(item, InferenceFailed("the model failed on this input"))
                 gone += 1
                 continue
+            if item.unit.op in NO_FORWARD:  # tokenize, decode: answered without a batch
+                if item.future.set_running_or_notify_cancel():
+                    item.future.set_result(item.prepared.answer)
+                gone += 1
+                continue
             self._pool.append(item)
         if gone:
             self.queue.release(gone)
 
     def _select(self) -> list[Item]:
-        """The next batch from the pool: padding-aware (see `service.selection`), one parameter
-        set, and including any input that has waited too long or whose deadline is near."""
+        """The next batch from the pool: padding-aware (see `service.selection`), including any
+        input that has waited too long or whose deadline is near. Units of every op and
+        parameter set share batches: parameters only change each unit's own tokenization and
+        answer, never the forward."""
         now = time.monotonic()
         urgent_s = 4 * self._last_batch_s
         forced = [
             i for i in self._pool if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s
         ]
         must = min(forced, key=lambda i: (i.deadline, i.enqueued_at)) if forced else None
-        anchor = must or self._pool[0]
-        group = sorted((i for i in self._pool if i.key == anchor.key), key=_tokens)
+        group = sorted(self._pool, key=_tokens)
         start, stop = best_run(
             [_tokens(i) for i in group],
             must=group.index(must) if must is not None else None,
@@ -225,8 +232,7 @@ class Batcher:
         chosen = set(map(id, batch))
         self._pool = [i for i in self._pool if id(i) not in chosen]
         for item in self._pool:
-            if item.key == batch[0].key:
-                item.passed_over += 1
+            item.passed_over += 1
         self.queue.release(len(batch))
         live = [
             i for i in batch if not self._dropped(i) and i.future.set_running_or_notify_cancel()

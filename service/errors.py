@@ -52,13 +52,22 @@ class InvalidInput(ServiceError):
     status, error_type = 422, "invalid_input"
 
 
+class WrongTask(ServiceError):
+    """424: the route needs a model of another task (TEI's status for the same case)."""
+
+    status, error_type = 424, "wrong_task"
+
+
 class Unavailable(ServiceError):
-    """503 with `Retry-After` (whole seconds, at least 1)."""
+    """503 with `Retry-After` (whole seconds, at least 1). `shed`: the reason it counts under
+    in `pipeline_server_shed_total` when it refuses a request at admission (None: not a shed,
+    e.g. work that was admitted and could not finish before the drain ended)."""
 
     status, error_type = 503, "unavailable"
 
-    def __init__(self, message: str, *, retry_after_s: float) -> None:
+    def __init__(self, message: str, *, retry_after_s: float, shed: str | None = None) -> None:
         super().__init__(message, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
+        self.shed = shed
 
 
 class Overloaded(Unavailable):

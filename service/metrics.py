@@ -54,3 +54,10 @@ CANCELLED = Counter(_P + "cancelled_total", "Inputs dropped before compute.", ["
 MODEL_LOAD_SECONDS = Gauge(_P + "model_load_seconds", "Seconds the model took to load and warm.")
 READY = Gauge(_P + "ready", "1 when the model is loaded, warmed and not draining.")
 TORCH_THREADS = Gauge(_P + "torch_threads", "torch intra-op threads.")
+
+
+def count_shed(error: object) -> None:
+    """Count an answered 503 under its shed reason (`errors.Unavailable.shed`), if it is one."""
+    reason = getattr(error, "shed", None)
+    if reason is not None:
+        SHED.labels(reason).inc()

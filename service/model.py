@@ -1,20 +1,25 @@
-"""The engine: run a loaded `transformers` pipeline on batches formed by the batcher.
+"""The engines' shared types, and the pipeline engine (fill-mask, token-classification).
 
-Only the inference thread calls into this module (torch and transformers are imported lazily,
-so the event loop never pays for them; loading lives in `service.loading`). A batch runs
-through the pipeline's own `preprocess` / `forward` / `postprocess`, so answers stay the
-pipeline's; what we own is how inputs are grouped and collated (`pad_collate_fn`, the
-pipeline's own collator) and how padded outputs are cut back to each input's own length.
+Only the inference thread calls into the engines (torch and transformers are imported lazily,
+so the event loop never pays for them; loading lives in `service.loading`). Two engines serve
+the tasks: `service.encoder.EncoderEngine` runs text encoders and classifiers on batches it pads
+itself; `PipelineEngine` (here) runs tasks whose pre- and post-processing is the pipeline's own
+(fill-mask, token-classification) through the pipeline's `preprocess` / `forward` /
+`postprocess`, so answers stay the pipeline's; what we own there is how inputs are grouped and
+collated (`pad_collate_fn`, the pipeline's own collator) and how padded outputs are cut back to
+each input's own length.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from service.errors import InvalidInput
-from service.params import Hashable
+from service.jobs import Op, Unit
+from service.params import Hashable, params_key
 
 if TYPE_CHECKING:
     from transformers import Pipeline
@@ -26,29 +31,86 @@ _MAX_CACHED_PARAMETER_SETS = 256
 # masks and a top_k clamped to the vocabulary held the model for minutes (README, Parameters).
 MAX_FILL_MASK_PREDICTIONS = 1000
 
+Kind = Literal["encoder", "classifier", "pipeline"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelInfo:
-    """What the event loop needs to know about the loaded model (read-only, set once)."""
+    """What the event loop needs to know about the loaded model (read-only, set once).
+
+    `kind`: which engine serves it; `ops`: the units it computes (`service.jobs.Op`);
+    `pooling`: the sentence-embedding pooling modes (None: token rows only); `normalize`: the
+    model's own pipeline ends in a Normalize module; `dimension`: the embedding width;
+    `labels`: the classifier's labels by index; `entailment_id`: the NLI label zero-shot reads
+    (-1: none); `prompts`: the sentence-transformers prompts by name.
+    """
 
     model_id: str
     revision: str | None
     task: str
+    kind: Kind
+    ops: frozenset[Op]
     device: str
     dtype: str
     torch_threads: int
     max_input_tokens: int
     mask_token: str | None
     vocab_size: int
+    pooling: tuple[str, ...] | None = None
+    normalize: bool = False
+    dimension: int | None = None
+    labels: tuple[str, ...] = ()
+    entailment_id: int = -1
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """What the model is and how it answers, for /info and the `model_ready` log line."""
+        return {
+            "model_id": self.model_id,
+            "revision": self.revision,
+            "task": self.task,
+            "device": self.device,
+            "dtype": self.dtype,
+            "torch_threads": self.torch_threads,
+            "max_input_tokens": self.max_input_tokens,
+            "pooling": list(self.pooling) if self.pooling else None,
+            "normalize": self.normalize,
+            "dimension": self.dimension,
+            "labels": list(self.labels) or None,
+            "mask_token": self.mask_token,
+            "vocab_size": self.vocab_size,
+            "prompts": sorted(self.prompts) or None,
+            "default_prompt_name": self.default_prompt_name,
+        }
 
 
 @dataclass(eq=False, kw_only=True)
 class Prepared:
-    """One input after the pipeline's `preprocess`: its chunks (one unless the task chunks)."""
+    """One unit after tokenization: what its engine needs to run it in a batch.
 
-    chunks: list[dict[str, Any]]
-    n_tokens: int  # the longest chunk's token count (padding decides cost)
-    calls: Calls
+    `n_tokens`: its padded length (padding decides cost); `payload`: the engine's own (the
+    pipeline's preprocessed chunks, or `service.encoder.Encoded`); `answer`: set instead for
+    ops that need no forward (tokenize, decode)."""
+
+    unit: Unit
+    n_tokens: int
+    payload: Any = None
+    answer: Any = None
+
+
+class Engine(Protocol):
+    """What the batcher needs of an engine. Inference thread only."""
+
+    info: ModelInfo
+
+    def prepare(self, unit: Unit) -> Prepared:
+        """Tokenize `unit` (exact length checks); raises `InvalidInput` for a bad input."""
+        ...
+
+    def run(self, batch: list[Prepared]) -> list[Any]:
+        """Each unit's answer, in order, from one forward pass; raises what the model raises."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,8 +124,10 @@ class Calls:
 
 
 @dataclass(eq=False)
-class Engine:
-    """A loaded pipeline plus the per-parameter-set state it needs. Inference thread only."""
+class PipelineEngine:
+    """A loaded fill-mask or token-classification pipeline plus the per-parameter-set state
+    it needs. Units are `Op.PIPELINE`; their `params` are the task's validated parameters
+    (`service.params`). Inference thread only."""
 
     pipe: Pipeline
     info: ModelInfo
@@ -85,13 +149,8 @@ class Engine:
         task = self.info.task
         if task == "fill-mask" and "top_k" in user:
             user["top_k"] = min(user["top_k"], self.info.vocab_size)
-        if task == "feature-extraction":
-            user["return_tensors"] = True  # numpy out, encoded by orjson: same float32 values
-            user["truncation"] = truncation
-        elif task == "fill-mask":
+        if task == "fill-mask":
             user["tokenizer_kwargs"] = {"truncation": truncation}
-        elif task == "text-classification":
-            user["truncation"] = truncation
         try:
             pre, fwd, post = self.pipe._sanitize_parameters(**user)
         except Exception as exc:  # the pipeline's own checks (ValueError, PipelineException)
@@ -106,7 +165,7 @@ class Engine:
         return calls
 
     # -- per input ----------------------------------------------------------------------
-    def prepare(self, text: str, key: Hashable, params: dict[str, Any]) -> Prepared:
+    def prepare(self, unit: Unit) -> Prepared:
         """Tokenize one input with the pipeline's `preprocess`; check its length exactly.
 
         Raises `InvalidInput` for an input the pipeline rejects (no mask token), one over
@@ -115,7 +174,9 @@ class Engine:
         """
         from transformers.pipelines.base import ChunkPipeline, PipelineException
 
-        calls = self.calls_for(key, params)
+        text, params = unit.text, dict(unit.params)
+        assert text is not None
+        calls = self.calls_for(params_key(params), params)
         try:
             out = self.pipe.preprocess(text, **calls.preprocess)
             chunks = list(out) if isinstance(self.pipe, ChunkPipeline) else [out]
@@ -136,7 +197,7 @@ class Engine:
             self._check_length(text, n_tokens)
         if self.info.mask_token is not None:
             self._check_predictions(chunks[0]["input_ids"], calls)
-        return Prepared(chunks=chunks, n_tokens=n_tokens, calls=calls)
+        return Prepared(unit=unit, n_tokens=n_tokens, payload=_Chunks(chunks, calls))
 
     def _check_predictions(self, input_ids: Any, calls: Calls) -> None:
         """Fill-mask: at most MAX_FILL_MASK_PREDICTIONS predictions (masks x top_k) per input."""
@@ -176,13 +237,16 @@ class Engine:
         from transformers.pipelines.pt_utils import PipelineIterator
 
         pipe = self.pipe
-        calls = batch[0].calls
-        units = [c for p in batch for c in p.chunks]
+        work: list[_Chunks] = [p.payload for p in batch]
+        # Forward parameters are the same for every parameter set of these two tasks (none),
+        # so units with different parameters share a batch; each keeps its own postprocess.
+        forward = work[0].calls.forward
+        units = [c for w in work for c in w.chunks]
         if len(units) == 1:
-            outputs = [pipe.forward(units[0], **calls.forward)]
+            outputs = [pipe.forward(units[0], **forward)]
         else:
             collate = pad_collate_fn(pipe.tokenizer, pipe.feature_extractor)
-            padded = pipe.forward(collate(units), **calls.forward)
+            padded = pipe.forward(collate(units), **forward)
             # The pipeline's own un-batching (what `pipe(list, batch_size=N)` does).
             outputs = list(
                 PipelineIterator([padded], lambda x: x, {}, loader_batch_size=len(units))
@@ -190,36 +254,19 @@ class Engine:
         answers: list[Any] = []
         start = 0
         chunked = isinstance(pipe, ChunkPipeline)
-        for p in batch:
-            mine = outputs[start : start + len(p.chunks)]
-            start += len(p.chunks)
-            if self.info.task == "feature-extraction":
-                mine = [
-                    self._cut_padding(o, int(c["input_ids"].shape[-1]))
-                    for o, c in zip(mine, p.chunks, strict=True)
-                ]
-            answer = pipe.postprocess(mine if chunked else mine[0], **calls.postprocess)
-            answers.append(self._as_single_call(answer, calls))
+        for w in work:
+            mine = outputs[start : start + len(w.chunks)]
+            start += len(w.chunks)
+            answers.append(pipe.postprocess(mine if chunked else mine[0], **w.calls.postprocess))
         return answers
 
-    def _as_single_call(self, answer: Any, calls: Calls) -> Any:
-        """What `pipe(text)` returns for this one input: text-classification without
-        `top_k` wraps its answer in a list (the pipeline's legacy single-string form)."""
-        if hasattr(answer, "numpy"):
-            return answer.float().numpy()  # feature-extraction rows (bf16/fp16 widened)
-        if self.info.task == "text-classification" and calls.postprocess.get("_legacy", True):
-            return [answer]
-        return answer
 
-    def _cut_padding(self, output: Any, n_tokens: int) -> Any:
-        """Feature-extraction: a padded batch gives each input the longest input's token rows;
-        keep this input's own rows (transformers 5 pads batched answers)."""
-        hidden = output[0]
-        if hidden.shape[1] == n_tokens:
-            return output
-        left = self.pipe.tokenizer.padding_side == "left"
-        output[next(iter(output.keys()))] = hidden[:, -n_tokens:] if left else hidden[:, :n_tokens]
-        return output
+@dataclass(eq=False, slots=True)
+class _Chunks:
+    """A pipeline unit's preprocessed chunks (one unless the task chunks) and its parameters."""
+
+    chunks: list[dict[str, Any]]
+    calls: Calls
 
 
 def _safe(exc: BaseException) -> str:
@@ -236,6 +283,16 @@ class BatchCost:
     sec_per_token: float
 
 
+def sample_unit(info: ModelInfo, text: str) -> Unit:
+    """A unit of the op that carries this model's usual traffic, on `text` (fill-mask gets
+    the mask token appended): for warm-up and calibration."""
+    if info.kind == "pipeline":
+        suffix = f" {info.mask_token}" if info.mask_token else ""
+        return Unit(op=Op.PIPELINE, text=text + suffix)
+    op = Op.LOGITS if info.kind == "classifier" else Op.EMBED if info.pooling else Op.ROWS
+    return Unit(op=op, text=text)
+
+
 def calibrate(engine: Engine) -> BatchCost:
     """Fit the batch cost model from a 1 x 64-token batch and a 16 x 64-token batch, best of 3
     each (warm, unlike the first call). Both are 64 tokens long, so the fitted overhead also
@@ -243,7 +300,7 @@ def calibrate(engine: Engine) -> BatchCost:
     fixed cost of a call. Clamped to [8, 4096] tokens. The selector trades padding against the
     overhead; admission starts from this model."""
     word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
-    one = [engine.prepare(word * 62, (), {})]
+    one = [engine.prepare(sample_unit(engine.info, word * 61))]
     many = one * 16
 
     def best_of_3(batch: list[Prepared]) -> tuple[float, int]:
@@ -263,8 +320,7 @@ def calibrate(engine: Engine) -> BatchCost:
 
 def warm_up(engine: Engine) -> float:
     """Run one batch of two inputs through the same path as traffic; return its seconds."""
-    suffix = f" {engine.info.mask_token}" if engine.info.mask_token else ""
-    texts = ["Warm up" + suffix, "A somewhat longer sentence to warm the model up" + suffix]
+    texts = ["Warm up", "A somewhat longer sentence to warm the model up"]
     started = time.perf_counter()
-    engine.run([engine.prepare(t, (), {}) for t in texts])
+    engine.run([engine.prepare(sample_unit(engine.info, t)) for t in texts])
     return time.perf_counter() - started

@@ -11,20 +11,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import re
 import signal
+import threading
 import time
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
 import structlog
 from starlette.requests import ClientDisconnect, Request
+from starlette.types import Scope
 
 from service import metrics
 from service.batcher import Batcher, State
-from service.errors import BadRequest, DeadlineExceeded, Draining, NotReady, ServiceError
+from service.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    Draining,
+    NotReady,
+    ServiceError,
+    Unavailable,
+)
+from service.jobs import Unit
 from service.model import ModelInfo
-from service.params import params_key
 from service.schemas import read_body
 from service.settings import Settings
 from service.work_queue import Item
@@ -33,6 +44,12 @@ log = structlog.get_logger("service.runtime")
 
 _SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")  # a plain decimal: no inf, nan, 1e309, 1_0
 _LOADING_RETRY_S = 5  # Retry-After while the model loads or the pod drains (a fixed value)
+
+
+def arrival(scope: Scope) -> float:
+    """When the request arrived (monotonic s; set by the request-context middleware)."""
+    arrived: float | None = scope.get("state", {}).get("arrived")
+    return time.monotonic() if arrived is None else arrived
 
 
 class ClientGone(Exception):
@@ -59,6 +76,10 @@ class Runtime:
         loop = asyncio.get_running_loop()
         self._drain_over = loop.create_future()
         self.batcher.start()
+        if self.settings.loop_nice:
+            # After the inference thread started (a thread inherits its creator's nice value):
+            # under load the model's threads then win the CPU over HTTP work (README, Overload).
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.settings.loop_nice)
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -118,26 +139,49 @@ class Runtime:
     def model_info(self) -> ModelInfo:
         """The loaded model's info; raises 503 (with Retry-After) unless ready and not draining."""
         if self.draining:
-            metrics.SHED.labels("draining").inc()
-            raise Draining("the server is shutting down", retry_after_s=_LOADING_RETRY_S)
+            raise Draining(
+                "the server is shutting down", retry_after_s=_LOADING_RETRY_S, shed="draining"
+            )
         info = self.batcher.info
         if self.batcher.state is not State.READY or info is None:
-            metrics.SHED.labels("not_ready").inc()
             why = {State.LOADING: "the model is still loading"}.get(
                 self.batcher.state, self.batcher.failure or "the model is not serving"
             )
-            raise NotReady(why, retry_after_s=_LOADING_RETRY_S)
+            raise NotReady(why, retry_after_s=_LOADING_RETRY_S, shed="not_ready")
         return info
 
     def deadline(self, request: Request) -> float:
-        """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it."""
-        timeout = self.settings.request_timeout_s
-        asked = request.headers.get("x-request-timeout")
-        if asked is not None:
-            if not _SECONDS.fullmatch(asked.strip()) or not float(asked) > 0:
-                raise BadRequest("X-Request-Timeout must be a positive number of seconds")
-            timeout = min(timeout, float(asked))  # more than REQUEST_TIMEOUT_S is capped
-        return time.monotonic() + timeout
+        """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it,
+        from the request's arrival (a held retry counts its hold, `service.shed`)."""
+        timeout = self.timeout(request.headers.get("x-request-timeout"))
+        if timeout is None:
+            raise BadRequest("X-Request-Timeout must be a positive number of seconds")
+        return arrival(request.scope) + timeout
+
+    def timeout(self, asked: str | bytes | None) -> float | None:
+        """Seconds a request may take: REQUEST_TIMEOUT_S, or the `X-Request-Timeout` it sent
+        when smaller (a larger one is capped); None for a value that is not a plain positive
+        decimal."""
+        if asked is None:
+            return self.settings.request_timeout_s
+        text = asked.decode("latin-1") if isinstance(asked, bytes) else asked
+        if not _SECONDS.fullmatch(text.strip()) or not float(text) > 0:
+            return None
+        return min(self.settings.request_timeout_s, float(text))
+
+    def refusal(self, scope: Scope, asked_timeout: bytes | None) -> Unavailable | None:
+        """Why a request for model work must be answered 503 from its head alone, or None:
+        draining, not ready, or admission would refuse one input (`WorkQueue.refusal`); None
+        also for a bad timeout (its route answers 400)."""
+        try:
+            self.model_info()
+        except Unavailable as exc:
+            return exc
+        timeout = self.timeout(asked_timeout)
+        if timeout is None:
+            return None
+        batcher = self.batcher
+        return batcher.queue.refusal(1, arrival(scope) + timeout, batcher.estimate)
 
     async def receive(self, request: Request, deadline: float) -> bytes:
         """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's
@@ -165,12 +209,15 @@ class Runtime:
                 "the request deadline passed while its body was still arriving"
             ) from None
 
-    def submit(self, texts: list[str], params: dict[str, Any], deadline: float) -> list[Item]:
-        """Queue the inputs (all or none); raise `Overloaded` (503) to shed them."""
-        key = params_key(params)
-        items = [Item(text=t, params=params, key=key, deadline=deadline) for t in texts]
+    def submit(self, units: Sequence[Unit], deadline: float) -> list[Item]:
+        """Queue the units (all or none); raise `Overloaded` (503) to shed them."""
+        items = [Item(unit=u, deadline=deadline) for u in units]
         self.batcher.queue.offer(items, self.batcher.estimate)
         return items
+
+    async def run(self, units: Sequence[Unit], request: Request, deadline: float) -> list[Any]:
+        """Admit the units, then await their answers (`submit`, then `wait`)."""
+        return await self.wait(self.submit(units, deadline), request, deadline)
 
     async def wait(self, items: list[Item], request: Request, deadline: float) -> list[Any]:
         """The answers, in order. Raises the first input's ServiceError, 504 at the deadline,

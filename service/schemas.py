@@ -1,32 +1,28 @@
-"""Parse a request body into inputs and parameters: size limits, content types, UTF-8, types.
+"""Request bodies: size limits, content types, UTF-8, and validation against the request models.
 
-No sniffing: JSON needs a JSON content type; text/plain, form-urlencoded (what
+No sniffing: JSON needs a JSON content type; on `POST /` text/plain, form-urlencoded (what
 `curl -d` sends), octet-stream or no content type make the whole body one input string.
+Every protocol's request models (pydantic, `service.protocols.*`) are validated here, and
+pydantic's errors become one message that names the offending path (`inputs[1]`,
+`parameters.top_k`) or lists the accepted fields.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
+from pydantic import BaseModel, ValidationError, ValidationInfo
+from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 
 from service.errors import BadRequest, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 
 _RAW_TYPES = {"text/plain", "application/x-www-form-urlencoded", "application/octet-stream", ""}
 _UTF8 = {"utf-8", "utf8", "us-ascii", "ascii"}
-_JSON_KEYS = ("inputs", "parameters")
 
-
-@dataclass(frozen=True)
-class Job:
-    """A parsed request: `inputs` (1 or more strings), raw `parameters`, and whether the
-    client sent a list (then the answer is a list in the same order)."""
-
-    inputs: list[str]
-    parameters: object
-    is_list: bool
+M = TypeVar("M", bound=BaseModel)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -49,29 +45,116 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_body(body: bytes, content_type: str | None, max_inputs: int) -> Job:
-    """Decode `body` by its content type. Raises 400 (undecodable), 413 (too many inputs),
-    415 (unknown content type) or 422 (empty input, wrong JSON types, naming the path)."""
+class RawText(str):
+    """A body sent as plain text (not JSON): the whole body is one input."""
+
+
+def decode(body: bytes, content_type: str | None, *, raw_text: bool) -> Any:
+    """The JSON document, or (`raw_text` routes only) the whole body as `RawText`.
+
+    Raises 400 (invalid UTF-8, malformed JSON), 415 (a content type or charset not accepted)
+    or 422 (raw text that is empty)."""
     media, _, rest = (content_type or "").partition(";")
     media = media.strip().lower()
     charset = _charset(rest)
     is_json = media == "application/json" or media.endswith("+json")
-    if not is_json and media not in _RAW_TYPES:
-        raise UnsupportedMediaType(
-            f"content type {media!r} is not supported; send application/json or text/plain"
-        )
+    if not is_json and not (raw_text and media in _RAW_TYPES):
+        wanted = "application/json or text/plain" if raw_text else "application/json"
+        raise UnsupportedMediaType(f"content type {media!r} is not supported; send {wanted}")
     if charset is not None and charset not in _UTF8:
         raise UnsupportedMediaType(f"charset {charset!r} is not supported; send UTF-8")
     if not is_json:
         text = _utf8(body)
-        _check_not_empty(text, "input")
-        return Job(inputs=[text], parameters=None, is_list=False)
+        check_text(text, "input")
+        return RawText(text)
     try:
-        doc = orjson.loads(body)  # orjson checks UTF-8 itself: no decoded copy on the loop
+        return orjson.loads(body)  # orjson checks UTF-8 itself: no decoded copy on the loop
     except orjson.JSONDecodeError as exc:
         _utf8(body)  # invalid UTF-8 gets its own message
         raise BadRequest(f"malformed JSON: {exc}") from None
-    return _from_json(doc, max_inputs)
+
+
+def validate(model: type[M], doc: Any, *, what: str, max_inputs: int) -> M:
+    """`doc` validated as `model`; raises 413 (too many inputs) or 422 with one message.
+
+    `what` names the task or route in messages about parameters (`unknown parameter(s) for
+    fill-mask: ...`); validators read `max_inputs` (MAX_CLIENT_BATCH_SIZE) from the context."""
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"body must be a JSON object: {_shape(model)}")
+    try:
+        return model.model_validate(doc, strict=True, context={"max_inputs": max_inputs})
+    except ValidationError as exc:
+        raise InvalidInput(_message(model, exc, what)) from None
+
+
+def _message(model: type[BaseModel], exc: ValidationError, what: str) -> str:
+    errors = exc.errors()
+    extra = [e for e in errors if e["type"] == "extra_forbidden"]
+    if extra:
+        where = extra[0]["loc"][:-1]
+        names = sorted(str(e["loc"][-1]) for e in extra if e["loc"][:-1] == where)
+        fields = _fields_at(model, where)
+        if where == ("parameters",):
+            return (
+                f"unknown parameter(s) for {what}: {', '.join(names)}; "
+                f"accepted: {', '.join(fields)}"
+            )
+        prefix = f"{_path(where)}: " if where else ""
+        return f"{prefix}unknown field(s) {', '.join(names)}; accepted: {', '.join(fields)}"
+    custom = next((e for e in errors if e["type"] == "invalid_input"), None)
+    if custom is not None:
+        return str(custom["msg"])
+    err = errors[0]
+    loc = _clean(err["loc"])
+    if err["type"] == "missing":
+        return f"{_path(loc)} is required; it is empty"
+    if err["type"] in ("model_type", "dict_type", "model_attributes_type"):
+        fields = _fields_at(model, tuple(loc))
+        accepts = f"; {what} accepts: {', '.join(fields)}" if loc == ["parameters"] else ""
+        return f"{_path(loc)} must be a JSON object{accepts}"
+    return f"{_path(loc)}: {str(err['msg']).removeprefix('Value error, ')}"
+
+
+def _clean(loc: Sequence[int | str]) -> list[int | str]:
+    """Drop pydantic's union-member tags (`str`, `list[str]`, `TextPair`) from a location."""
+    return [
+        p for p in loc if not (isinstance(p, str) and ("[" in p or p[:1].isupper() or p == "str"))
+    ]
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def _fields_at(model: type[BaseModel], where: Sequence[int | str]) -> list[str]:
+    """The accepted field names of the (sub)model at `where` (by field names, not positions)."""
+    current: Any = model
+    for part in where:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part)
+        sub = _model_of(field.annotation) if field is not None else None
+        if sub is None:
+            return []
+        current = sub
+    return sorted(current.model_fields)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _shape(model: type[BaseModel]) -> str:
+    return "{" + ", ".join(f'"{name}": ...' for name in model.model_fields) + "}"
 
 
 def _utf8(body: bytes) -> str:
@@ -79,38 +162,6 @@ def _utf8(body: bytes) -> str:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequest("body is not valid UTF-8") from None
-
-
-def _from_json(doc: Any, max_inputs: int) -> Job:
-    if not isinstance(doc, dict):
-        raise InvalidInput('body must be a JSON object: {"inputs": ..., "parameters": {...}}')
-    unknown = sorted(set(doc) - set(_JSON_KEYS))
-    if unknown:
-        raise InvalidInput(f"unknown field(s) {', '.join(unknown)}; accepted: inputs, parameters")
-    if "inputs" not in doc:
-        raise InvalidInput("inputs is required (a string or a list of strings); it is empty")
-    inputs = doc["inputs"]
-    if isinstance(inputs, str):
-        _check_not_empty(inputs, "inputs")
-        return Job(inputs=[inputs], parameters=doc.get("parameters"), is_list=False)
-    if not isinstance(inputs, list):
-        raise InvalidInput(f"inputs must be a string or a list of strings, not {_kind(inputs)}")
-    if not inputs:
-        raise InvalidInput("inputs is an empty list; send at least one string")
-    if len(inputs) > max_inputs:
-        raise PayloadTooLarge(
-            f"{len(inputs)} inputs in one request; at most {max_inputs} (MAX_CLIENT_BATCH_SIZE)"
-        )
-    for i, value in enumerate(inputs):
-        if not isinstance(value, str):
-            raise InvalidInput(f"inputs[{i}] must be a string, not {_kind(value)}")
-        _check_not_empty(value, f"inputs[{i}]")
-    return Job(inputs=inputs, parameters=doc.get("parameters"), is_list=True)
-
-
-def _check_not_empty(text: str, path: str) -> None:
-    if not text.strip():
-        raise InvalidInput(f"{path} is empty; send some text")
 
 
 def _charset(params: str) -> str | None:
@@ -121,15 +172,72 @@ def _charset(params: str) -> str | None:
     return None
 
 
+# -- input validators shared by the request models (BeforeValidator functions) -------------
+def invalid(message: str) -> PydanticCustomError:
+    """An error whose message is shown as is (it names its own path)."""
+    return PydanticCustomError("invalid_input", message)
+
+
+def check_text(text: str, path: str) -> None:
+    """Raise 422 for an input that is empty or only whitespace."""
+    if not text.strip():
+        raise InvalidInput(f"{path} is empty; send some text")
+
+
+def texts(path: str, *, pairs: bool = False) -> Callable[[Any, ValidationInfo], Any]:
+    """A validator for `str | list[str]` inputs at `path` (with `pairs`, also text-pair objects
+    `{"text", "text_pair"}` and lists of them): types, emptiness and the client batch bound
+    (413 past MAX_CLIENT_BATCH_SIZE), with messages naming the input."""
+    one = "a string or a text pair object" if pairs else "a string"
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, list):
+            for i, item in enumerate(check_list(value, path, info, "string")):
+                _check_one(item, f"{path}[{i}]", one, pairs)
+        elif isinstance(value, str) or (pairs and isinstance(value, dict)):
+            _check_one(value, path, one, pairs)
+        else:
+            raise invalid(f"{path} must be {one} or a list of them, not {kind(value)}")
+        return value
+
+    return check
+
+
+def _check_one(item: Any, at: str, one: str, pairs: bool) -> None:
+    if pairs and isinstance(item, dict):
+        for key in ("text", "text_pair"):
+            if isinstance(item.get(key), str) and not item[key].strip():
+                raise invalid(f"{at}.{key} is empty; send some text")
+        return  # the model validates its fields and types
+    if not isinstance(item, str):
+        raise invalid(f"{at} must be {one}, not {kind(item)}")
+    if not item.strip():
+        raise invalid(f"{at} is empty; send some text")
+
+
+def check_list(value: list[Any], path: str, info: ValidationInfo, one: str) -> list[Any]:
+    """A non-empty list within MAX_CLIENT_BATCH_SIZE (413 past it)."""
+    if not value:
+        raise invalid(f"{path} is an empty list; send at least one {one.split()[-1]}")
+    limit = int((info.context or {}).get("max_inputs", len(value)))
+    if len(value) > limit:
+        raise PayloadTooLarge(
+            f"{len(value)} inputs in one request; at most {limit} (MAX_CLIENT_BATCH_SIZE)"
+        )
+    return value
+
+
 _KINDS = {
     int: "a number",
     float: "a number",
     bool: "a boolean",
+    str: "a string",
     dict: "an object",
     list: "a list",
     type(None): "null",
 }
 
 
-def _kind(value: object) -> str:
+def kind(value: object) -> str:
+    """How a JSON value's type reads in a message ("a number", "an object", "null")."""
     return _KINDS.get(type(value), type(value).__name__)

@@ -42,10 +42,21 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1024 * 1024, ge=1)
     request_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
     truncate: bool = False
+    # Sentence-embedding pooling: unset = the model's sentence-transformers config (none: token
+    # rows); a mode = pool every model's token rows so (overrides the config's modes); none =
+    # token rows even for a sentence-transformers model.
+    pooling: (
+        Literal["cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "none"]
+        | None
+    ) = None
     torch_num_threads: int | None = Field(None, ge=1)
     liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)
     api_key: str | None = None
+    # Hold a connection that retries before its Retry-After until then (service.shed).
+    shed_tarpit: bool = True
+    # Nice value of the event loop's thread (0-19): HTTP work yields the CPU to the model.
+    loop_nice: int = Field(0, ge=0, le=19)
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -55,7 +66,7 @@ class Settings(BaseSettings):
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
     model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", "log_format", "pooling", mode="before")
     @classmethod
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value  # LOG_LEVEL=DEBUG works too

@@ -17,17 +17,15 @@ from typing import Any
 from service import metrics
 from service.admission import ServiceTimeEstimate
 from service.errors import Overloaded
+from service.jobs import Unit
 from service.model import Prepared
-from service.params import Hashable
 
 
 @dataclass(eq=False, kw_only=True)
 class Item:
-    """One input of one request. `future` resolves to the pipeline's answer or a ServiceError."""
+    """One unit of one request. `future` resolves to the unit's answer or a ServiceError."""
 
-    text: str
-    params: dict[str, Any]
-    key: Hashable
+    unit: Unit
     deadline: float  # time.monotonic() seconds
     enqueued_at: float = field(default_factory=time.monotonic)
     future: Future[Any] = field(default_factory=Future)
@@ -53,34 +51,43 @@ class WorkQueue:
     def depth(self) -> int:
         return self._depth
 
-    def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
-        """Queue all of `items` or none: raise `Overloaded` when full or too slow for them.
+    def refusal(self, n: int, deadline: float, estimate: ServiceTimeEstimate) -> Overloaded | None:
+        """Why `n` more inputs due by `deadline` (monotonic) must be shed now, or None.
 
-        Shedding happens here, before any work (TEI's `try_acquire_permit`): a request that
-        would wait past its deadline is refused now instead of expiring in the queue.
-        """
-        now = time.monotonic()
+        Full queue, or a predicted wait past the deadline: shedding happens before any work
+        (TEI's `try_acquire_permit`), so a request that would wait past its deadline is
+        refused now instead of expiring in the queue (counted when answered: `errors.shed`
+        reasons). Called by `offer`
+        under the lock, and from the request head (`service.shed`) without it: a stale read
+        there only decides one request a batch late, and `offer` decides again."""
+        depth = self._depth
+        if depth + n > self.capacity:
+            return Overloaded(
+                f"queue full ({depth} of {self.capacity} inputs waiting); retry later",
+                retry_after_s=estimate.predicted_wait(depth),
+                shed="queue_full",
+            )
+        # Shed for the deadline only behind other work: alone on an idle server a request
+        # starts at once, and its batch corrects an estimate that was too pessimistic
+        # (otherwise one slow cold batch could shed short deadlines forever).
+        idle = depth == 0 and not estimate.running()
+        wait = estimate.predicted_wait(depth + n)
+        if not idle and wait > deadline - time.monotonic():
+            return Overloaded(
+                f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
+                retry_after_s=estimate.predicted_wait(depth),
+                shed="deadline",
+            )
+        return None
+
+    def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
+        """Queue all of `items` or none: raise `Overloaded` when full or too slow for them."""
         with self._cond:
-            depth, n = self._depth, len(items)
-            if depth + n > self.capacity:
-                metrics.SHED.labels("queue_full").inc()
-                raise Overloaded(
-                    f"queue full ({depth} of {self.capacity} inputs waiting); retry later",
-                    retry_after_s=estimate.predicted_wait(depth),
-                )
-            wait = estimate.predicted_wait(depth + n)
-            # Shed for the deadline only behind other work: alone on an idle server a request
-            # starts at once, and its batch corrects an estimate that was too pessimistic
-            # (otherwise one slow cold batch could shed short deadlines forever).
-            idle = depth == 0 and not estimate.running()
-            if not idle and wait > min(i.deadline for i in items) - now:
-                metrics.SHED.labels("deadline").inc()
-                raise Overloaded(
-                    f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
-                    retry_after_s=estimate.predicted_wait(depth),
-                )
+            refusal = self.refusal(len(items), min(i.deadline for i in items), estimate)
+            if refusal is not None:
+                raise refusal
             self._new.extend(items)
-            self._depth += n
+            self._depth += len(items)
             metrics.QUEUE_DEPTH.set(self._depth)
             self._cond.notify()
 

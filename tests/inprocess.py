@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 
 from service.app import create_app
+from service.jobs import Unit
 from service.loading import load_engine
 from service.model import Engine
 from service.settings import Settings
@@ -57,10 +58,10 @@ class Recorder:
         prepare, run = engine.prepare, engine.run
         texts: dict[int, tuple[Any, str]] = {}  # keeps each prepared object alive: ids stay unique
 
-        def recording_prepare(text: str, *args: Any, **kwargs: Any) -> Any:
+        def recording_prepare(unit: Unit) -> Any:
             self.prepare_gate.wait(60)
-            prepared = prepare(text, *args, **kwargs)
-            texts[id(prepared)] = (prepared, text)
+            prepared = prepare(unit)
+            texts[id(prepared)] = (prepared, unit.text or "")
             return prepared
 
         def recording_run(batch: list[Any]) -> list[Any]:

@@ -69,7 +69,8 @@ def test_content_types(embedded_client: TestClient) -> None:
         "/", content='{"inputs": "hi"}', headers={"content-type": "text/plain"}
     )
     assert r.status_code == 200
-    assert len(r.json()[0]) > 5  # the braces and quotes were embedded as text tokens
+    as_json = embedded_client.post("/", json={"inputs": "hi"}).json()
+    assert abs(r.json()[0][0] - as_json[0][0]) > 1e-3  # the braces and quotes were embedded
 
 
 def test_info_describes_model_and_settings(embedded_client: TestClient) -> None:
@@ -77,7 +78,14 @@ def test_info_describes_model_and_settings(embedded_client: TestClient) -> None:
     assert info["model"]["task"] == "feature-extraction"
     assert info["model"]["model_id"].startswith("sentence-transformers/all-MiniLM-L6-v2")
     assert "site-packages" not in embedded_client.get("/info").text  # no install paths
-    assert info["model"]["max_input_tokens"] == 512
+    # How it answers: its sentence-transformers config (mean pooling, normalized, 256 tokens).
+    model = info["model"]
+    assert (model["max_input_tokens"], model["pooling"], model["normalize"]) == (
+        256,
+        ["mean"],
+        True,
+    )
+    assert model["dimension"] == 384 and model["labels"] is None
     assert info["model"]["torch_threads"] >= 1
     assert info["batching"]["max_batch_size"] == 32
     assert {"torch", "transformers"} <= set(info["versions"])
@@ -107,7 +115,7 @@ def test_list_of_inputs_is_answered_in_order(tiny_models: dict[str, Path]) -> No
             client.post("/", json={"inputs": t, "parameters": {"top_k": 3}}).json() for t in texts
         ]
         assert len(listed) == 3
-        for a, b in zip(listed, singles, strict=True):
+        for a, (b,) in zip(listed, singles, strict=True):  # a single input: [[labels]]
             assert {x["label"]: round(x["score"], 4) for x in a} == {
                 x["label"]: round(x["score"], 4) for x in b
             }

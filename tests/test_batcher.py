@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY
 
 from service.batcher import Batcher, State
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
+from service.jobs import Op, Unit
 from service.loading import load_engine
 from service.model import Engine, Prepared
-from service.params import params_key
 from service.settings import Settings
 from service.work_queue import Item
 
@@ -32,11 +32,12 @@ class RecordingEngine:
         self.poison: str | None = None
         self.before_prepare: Callable[[str], object] | None = None
 
-    def prepare(self, text: str, key: Any, params: dict[str, Any]) -> Prepared:
+    def prepare(self, unit: Unit) -> Prepared:
+        assert unit.text is not None
         if self.before_prepare is not None:
-            self.before_prepare(text)
-        prepared = self.engine.prepare(text, key, params)
-        self.texts[id(prepared)] = text
+            self.before_prepare(unit.text)
+        prepared = self.engine.prepare(unit)
+        self.texts[id(prepared)] = unit.text
         return prepared
 
     def run(self, batch: list[Prepared]) -> list[Any]:
@@ -77,7 +78,9 @@ def batcher(tiny_models: dict[str, Path]) -> Iterator[tuple[Batcher, RecordingEn
 
 def items(texts: list[str], deadline_s: float = 30, **params: Any) -> list[Item]:
     return [
-        Item(text=t, params=params, key=params_key(params), deadline=time.monotonic() + deadline_s)
+        Item(
+            unit=Unit(op=Op.PIPELINE, text=t, params=params), deadline=time.monotonic() + deadline_s
+        )
         for t in texts
     ]
 
@@ -93,9 +96,11 @@ def hold_the_thread(b: Batcher, engine: RecordingEngine) -> Item:
     return blocker[0]
 
 
-def test_batches_group_parameters_and_respect_max_batch_size(
+def test_parameter_sets_share_batches_within_max_batch_size(
     batcher: tuple[Batcher, RecordingEngine],
 ) -> None:
+    """Parameters change only each unit's own tokenization and answer, never the forward, so
+    units with different parameters share a batch and each gets its own answer."""
     b, engine = batcher
     blocker = hold_the_thread(b, engine)
     a = items([f"a{i} [MASK]" for i in range(4)], top_k=1)
@@ -111,8 +116,9 @@ def test_batches_group_parameters_and_respect_max_batch_size(
         [f"a{i} [MASK]" for i in range(4)] + ["c0 [MASK]"]
     )
     assert max(map(len, batches)) == 3  # MAX_BATCH_SIZE, and batches did form
-    for batch in batches:  # one parameter set per pipeline call
-        assert all(t.startswith("a") for t in batch) or batch == ["c0 [MASK]"]
+    assert any("c0 [MASK]" in batch and len(batch) > 1 for batch in batches)  # mixed
+    assert [len(i.future.result()) for i in a] == [1] * 4  # each its own top_k
+    assert len(c[0].future.result()) == 2
 
 
 def test_cancelled_and_expired_inputs_are_never_computed(

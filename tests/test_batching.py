@@ -94,6 +94,8 @@ def test_batched_answers_equal_single_calls(
         answers = _concurrently(client, bodies)
     assert _batches_over_one() > before, "no batch larger than 1 formed"
     for text, answer in zip(texts, answers, strict=True):
+        if task == "text-classification":  # one list of labels per input; all unless top_k
+            answer, params = answer[0], {"top_k": params.get("top_k")}
         expected = direct(text, **params)
         if task == "fill-mask" or task == "text-classification":
             _close(_comparable(task, answer), _comparable(task, expected))
@@ -102,19 +104,37 @@ def test_batched_answers_equal_single_calls(
 
 
 def test_feature_extraction_batched_equals_single(embedded_model: Path) -> None:
+    """Sentence embeddings under batching equal sentence-transformers' own encode."""
+    from sentence_transformers import SentenceTransformer
+
+    texts = [t.replace("[MASK]", "capital") for t in TEXTS]
+    reference = SentenceTransformer(str(embedded_model), device="cpu").encode(texts)
+    before = _batches_over_one()
+    with app_client(embedded_model, max_batch_wait_ms=100) as client:
+        answers = _concurrently(client, [{"inputs": t} for t in texts])
+        listed = client.post("/", json={"inputs": texts}).json()
+    assert _batches_over_one() > before
+    for answer, in_list, expected in zip(answers, listed, reference, strict=True):
+        assert np.asarray(answer).shape == (1, 384)  # one input: a 1 x 384 matrix
+        assert np.abs(np.asarray(answer)[0] - expected).max() < 1e-4
+        assert np.abs(np.asarray(in_list) - expected).max() < 1e-4  # list order kept
+
+
+def test_token_rows_batched_equal_single_pipeline_calls(embedded_model: Path) -> None:
+    """POOLING=none: each input's own token rows (padding cut off), as the pipeline answers."""
     from transformers import pipeline
 
     texts = [t.replace("[MASK]", "capital") for t in TEXTS]
     direct = pipeline("feature-extraction", model=str(embedded_model))
     before = _batches_over_one()
-    with app_client(embedded_model, max_batch_wait_ms=100) as client:
+    with app_client(embedded_model, max_batch_wait_ms=100, pooling="none") as client:
         answers = _concurrently(client, [{"inputs": t} for t in texts])
         listed = client.post("/", json={"inputs": texts}).json()
     assert _batches_over_one() > before
     for text, answer, in_list in zip(texts, answers, listed, strict=True):
         expected = np.asarray(direct(text))
         got = np.asarray(answer)
-        assert got.shape == expected.shape  # each input's own token rows, padding cut off
+        assert got.shape == expected.shape  # [1, tokens, 384]
         assert np.abs(got - expected).max() < 1e-4
         assert np.abs(np.asarray(in_list) - expected).max() < 1e-4  # list order kept
 

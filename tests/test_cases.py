@@ -10,9 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import SEED_TEXT, app_client
 from starlette.testclient import TestClient
+
+from service.loading import default_model_dir
 
 JSON = {"content-type": "application/json"}
 LONG = "This is an example " * 300  # about 1,200 tokens
@@ -44,15 +47,18 @@ def any_client(request: pytest.FixtureRequest, tiny_models: dict[str, Path]) -> 
     model = tiny_models["fill-mask"] if request.param == "fill-mask" else None
     with app_client(model) as client:
         client.fill_mask = request.param == "fill-mask"  # type: ignore[attr-defined]
+        # The fill-mask model's position limit; the embedded model's max_seq_length.
+        client.limit = 512 if client.fill_mask else 256  # type: ignore[attr-defined]
         yield client
 
 
 def test_c01_over_length_is_422_naming_the_limit(any_client: TestClient) -> None:
     text = LONG + ("[MASK]" if any_client.fill_mask else "")  # type: ignore[attr-defined]
+    limit = f"{any_client.limit} tokens"  # type: ignore[attr-defined]
     r = any_client.post("/", content=text)
-    assert_clean_error(r, 422, "512 tokens", "truncation")
+    assert_clean_error(r, 422, limit, "truncation")
     r = any_client.post("/", json={"inputs": text})
-    assert_clean_error(r, 422, "512 tokens")
+    assert_clean_error(r, 422, limit)
     assert_control(any_client, any_client.fill_mask)  # type: ignore[attr-defined]
 
 
@@ -64,7 +70,7 @@ def test_c01_a_list_of_over_length_inputs_is_422_and_the_server_lives_on(
     text = LONG + ("[MASK]" if any_client.fill_mask else "")  # type: ignore[attr-defined]
     for _ in range(3):
         r = any_client.post("/", json={"inputs": [text] * 4})
-        assert_clean_error(r, 422, "inputs[0]", "512 tokens")
+        assert_clean_error(r, 422, "inputs[0]", f"{any_client.limit} tokens")  # type: ignore[attr-defined]
         assert any_client.get("/livez").status_code == 200
     assert_control(any_client, any_client.fill_mask)  # type: ignore[attr-defined]
 
@@ -74,7 +80,11 @@ def test_c01_truncation_answers_200(any_client: TestClient) -> None:
     r = any_client.post("/", json={"inputs": text, "parameters": {"truncation": True}})
     assert r.status_code == 200, r.text
     if not any_client.fill_mask:  # type: ignore[attr-defined]
-        assert len(r.json()[0]) == 512  # token rows, cut at the model's limit
+        from sentence_transformers import SentenceTransformer
+
+        # sentence-transformers cuts at max_seq_length (256) silently; truncation asks for that
+        st = SentenceTransformer(default_model_dir(), device="cpu")
+        assert abs(np.asarray(r.json()[0]) - st.encode([text])[0]).max() < 1e-4
 
 
 @pytest.mark.parametrize(

@@ -12,16 +12,15 @@ import numpy as np
 import pytest
 from helpers import SEED_TEXT, ServerProcess
 
+from service.loading import default_model_dir
+
 pytestmark = pytest.mark.server
 
 
-def _sentence_vector(rows: list[list[list[float]]]) -> np.ndarray:
-    """Mean over token rows, normalized (all-MiniLM-L6-v2's sentence-transformers pooling)."""
-    v = np.asarray(rows[0]).mean(axis=0)
-    return np.asarray(v / np.linalg.norm(v))
-
-
 def test_seed_curl_and_paraphrases(start_server: Callable[..., ServerProcess]) -> None:
+    """The seed's curl answers the sentence embedding sentence-transformers makes (1 x 384)."""
+    from sentence_transformers import SentenceTransformer
+
     server = start_server()
     server.wait_ready()
     out = subprocess.run(
@@ -30,13 +29,15 @@ def test_seed_curl_and_paraphrases(start_server: Callable[..., ServerProcess]) -
         check=True,
         timeout=30,
     )
-    rows = json.loads(out.stdout)
-    assert np.asarray(rows).shape == (1, 9, 384)  # [CLS] paris is the [MASK] of france . [SEP]
+    vector = np.asarray(json.loads(out.stdout))
+    assert vector.shape == (1, 384)
+    st = SentenceTransformer(default_model_dir(), device="cpu")
+    assert np.abs(vector[0] - st.encode([SEED_TEXT])[0]).max() < 1e-4
 
     def embed(text: str) -> np.ndarray:
         r = server.post(json={"inputs": text})
         assert r.status_code == 200, r.text
-        return _sentence_vector(r.json())
+        return np.asarray(r.json()[0])
 
     a = embed("A man is playing a guitar.")
     b = embed("Someone plays the guitar.")

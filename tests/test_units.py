@@ -14,10 +14,14 @@ from service.errors import (
     ServiceError,
     UnsupportedMediaType,
 )
-from service.params import params_key, validate_parameters
-from service.schemas import parse_body
+from service.jobs import Job, Op
+from service.model import ModelInfo
+from service.params import params_key
+from service.protocols import hf
 from service.settings import Settings, SettingsError, load_settings
 from service.threads import cpu_quota, default_torch_threads
+
+JSON = "application/json"
 
 
 # -- settings ------------------------------------------------------------------------------
@@ -70,7 +74,30 @@ def test_settings_are_frozen() -> None:
         Settings().max_batch_size = 4  # type: ignore[misc]
 
 
-# -- body parsing --------------------------------------------------------------------------
+# -- body parsing (POST /, the Hugging Face protocol) -------------------------------------
+def _info(task: str = "fill-mask") -> ModelInfo:
+    kind = {"fill-mask": "pipeline", "token-classification": "pipeline"}.get(task, "classifier")
+    ops = {Op.PIPELINE} if kind == "pipeline" else {Op.CLASSIFY, Op.LOGITS}
+    return ModelInfo(
+        model_id="m",
+        revision=None,
+        task=task,
+        kind=kind,  # type: ignore[arg-type]
+        ops=frozenset(ops),
+        device="cpu",
+        dtype="float32",
+        torch_threads=1,
+        max_input_tokens=512,
+        mask_token="[MASK]" if task == "fill-mask" else None,
+        vocab_size=100,
+        labels=("A", "B"),
+    )
+
+
+def _parse(body: bytes, ctype: str | None, max_inputs: int = 64, task: str = "fill-mask") -> Job:
+    return hf.parse(body, ctype, _info(task), Settings(max_client_batch_size=max_inputs))
+
+
 @pytest.mark.parametrize(
     "ctype",
     [
@@ -82,13 +109,29 @@ def test_settings_are_frozen() -> None:
     ],
 )
 def test_raw_body_is_one_input(ctype: str | None) -> None:
-    job = parse_body(b"Paris is the [MASK] of France.", ctype, 64)
-    assert job.inputs == ["Paris is the [MASK] of France."] and not job.is_list
+    job = _parse(b"Paris is the [MASK] of France.", ctype)
+    assert [u.text for u in job.units] == ["Paris is the [MASK] of France."]
+    assert job.finish(["answer"]) == "answer"  # a single input answers its own answer
 
 
 def test_json_list_keeps_order_and_parameters() -> None:
-    job = parse_body(b'{"inputs": ["b", "a"], "parameters": {"top_k": 2}}', "application/json", 2)
-    assert job.inputs == ["b", "a"] and job.is_list and job.parameters == {"top_k": 2}
+    job = _parse(
+        b'{"inputs": ["b [MASK]", "a [MASK]"], "parameters": {"top_k": 2}}', "application/json"
+    )
+    assert [u.text for u in job.units] == ["b [MASK]", "a [MASK]"]
+    assert all(u.params == {"top_k": 2} for u in job.units)
+    assert job.finish(["x", "y"]) == ["x", "y"]
+
+
+def test_text_pairs_and_the_text_classification_shape() -> None:
+    body = b'{"inputs": [{"text": "a", "text_pair": "b"}, "c"], "parameters": {"top_k": 1}}'
+    job = _parse(body, "application/json", task="text-classification")
+    assert [(u.op, u.text, u.pair) for u in job.units] == [
+        (Op.CLASSIFY, "a", "b"),
+        (Op.CLASSIFY, "c", None),
+    ]
+    single = _parse(b'{"inputs": "c"}', "application/json", task="text-classification")
+    assert single.finish([["labels"]]) == [["labels"]]  # a list of lists: the client reads [0]
 
 
 @pytest.mark.parametrize(
@@ -99,29 +142,33 @@ def test_json_list_keeps_order_and_parameters() -> None:
         (b'{"inputs": "x"}', "text/json", UnsupportedMediaType, "text/json"),
         (b"\xff", None, BadRequest, "not valid UTF-8"),
         (b'{"inputs": ["a", "b", "c"]}', "application/json", PayloadTooLarge, "at most 2"),
-        (b'{"inputs": "x", "options": {}}', "application/json", InvalidInput, "options"),
+        (b'{"inputs": "x", "extra": {}}', "application/json", InvalidInput, "extra"),
         (b'{"inputs": ["a", "  "]}', "application/json", InvalidInput, "inputs[1] is empty"),
     ],
 )
 def test_bad_bodies(body: bytes, ctype: str, error: type[ServiceError], words: str) -> None:
     with pytest.raises(error) as info:
-        parse_body(body, ctype, 2)
+        _parse(body, ctype, 2)
     assert words in info.value.message
+
+
+def test_options_are_accepted_and_ignored() -> None:
+    body = b'{"inputs": "x [MASK]", "options": {"wait_for_model": true, "use_cache": false}}'
+    assert [u.text for u in _parse(body, "application/json").units] == ["x [MASK]"]
 
 
 # -- parameters ----------------------------------------------------------------------------
 def test_parameters_allow_list_per_task() -> None:
-    assert validate_parameters("fill-mask", {"top_k": 3, "targets": ["a"]}) == {
-        "top_k": 3,
-        "targets": ["a"],
-    }
-    assert validate_parameters("fill-mask", None) == {}
-    with pytest.raises(InvalidInput, match=r"batch_size.*accepted: truncation"):
-        validate_parameters("feature-extraction", {"batch_size": 8})
+    job = _parse(b'{"inputs": "x [MASK]", "parameters": {"top_k": 3, "targets": ["a"]}}', JSON)
+    assert job.units[0].params == {"top_k": 3, "targets": ["a"]}
+    with pytest.raises(InvalidInput, match=r"batch_size.*accepted: targets, top_k, truncation"):
+        _parse(b'{"inputs": "x [MASK]", "parameters": {"batch_size": 8}}', JSON)
     with pytest.raises(InvalidInput, match=r"parameters\.aggregation_strategy"):
-        validate_parameters("token-classification", {"aggregation_strategy": "mean"})
+        body = b'{"inputs": "x", "parameters": {"aggregation_strategy": "mean"}}'
+        _parse(body, JSON, task="token-classification")
     with pytest.raises(InvalidInput, match=r"parameters\.function_to_apply"):
-        validate_parameters("text-classification", {"function_to_apply": "relu"})
+        body = b'{"inputs": "x", "parameters": {"function_to_apply": "relu"}}'
+        _parse(body, JSON, task="text-classification")
 
 
 def test_params_key_groups_equal_parameter_sets() -> None:

@@ -1,0 +1,255 @@
+"""The encoder engine: our own tokenize -> padded batch -> forward for text-encoder models.
+
+Serves embedding models (feature-extraction: token rows and pooled sentence embeddings) and
+sequence classifiers (text-classification, zero-shot-classification, cross-encoders) with the
+pipeline's tokenizer and model, but without the pipeline's per-input Python: one tokenizer call
+per input (the tokenizers library runs in Rust), one padded numpy batch per forward, and
+answers cut from the batch's outputs. Inference thread only.
+
+Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_input_tokens`,
+else 422 naming the limit), `direction` ("right"/"left": which end truncation cuts),
+`strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
+sentence-transformers `prompts`), `normalize` (bool), `dimensions` (int: keep the first N, then
+normalize), `function_to_apply` and `top_k` (classify), `add_special_tokens` (tokenize),
+`skip_special_tokens` (decode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from service import pooling
+from service.errors import InvalidInput
+from service.jobs import Op, Unit
+from service.model import ModelInfo, Prepared
+
+if TYPE_CHECKING:
+    from transformers import Pipeline
+
+
+@dataclass(eq=False, slots=True)
+class Encoded:
+    """One unit's token ids (and token type ids for pairs), ready to be padded into a batch."""
+
+    ids: list[int]
+    type_ids: list[int] | None
+    prompt_tokens: int  # prompt tokens at the start, left out of pooling (include_prompt=False)
+
+
+class EncoderEngine:
+    """A text encoder (`pipe.model`, `pipe.tokenizer`) run on padded batches of units."""
+
+    def __init__(
+        self, pipe: Pipeline, info: ModelInfo, sentence: pooling.SentenceConfig | None
+    ) -> None:
+        self.pipe = pipe
+        self.info = info
+        self.sentence = sentence
+        tok = pipe.tokenizer
+        assert tok is not None
+        self.tok = tok
+        self.left = tok.padding_side == "left"
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+        self.types = "token_type_ids" in tok.model_input_names
+        self._prompt_tokens: dict[str, int] = {}
+
+    # -- per unit ------------------------------------------------------------------------
+    def prepare(self, unit: Unit) -> Prepared:
+        """Tokenize one unit and check its length exactly (no forward for tokenize/decode).
+
+        Raises `InvalidInput` (422) for an input over `max_input_tokens` without truncation,
+        token ids outside the vocabulary, or an empty input once tokenized to nothing.
+        """
+        if unit.op is Op.DECODE:
+            skip = bool(unit.params.get("skip_special_tokens", True))
+            return Prepared(unit=unit, n_tokens=0, answer=self._decode(unit, skip))
+        if unit.op is Op.TOKENIZE:
+            return Prepared(unit=unit, n_tokens=0, answer=self._tokens(unit))
+        encoded = self._ids(unit) if unit.ids is not None else self._encode(unit)
+        return Prepared(unit=unit, n_tokens=len(encoded.ids), payload=encoded)
+
+    def _text(self, unit: Unit) -> str:
+        assert unit.text is not None
+        prompt = self._prompt(unit)
+        if self.sentence is not None:
+            return pooling.st_text(unit.text, self.sentence, prompt)
+        return prompt + unit.text if prompt else unit.text
+
+    def _prompt(self, unit: Unit) -> str | None:
+        name = unit.params.get("prompt_name")
+        return None if name is None else self.info.prompts[name]
+
+    def _encode(self, unit: Unit) -> Encoded:
+        limit = self.info.max_input_tokens
+        truncate = bool(unit.params.get("truncate", False))
+        self.tok.truncation_side = unit.params.get("direction", "right")
+        strategy = unit.params.get("strategy", "longest_first") if truncate else False
+        enc = self.tok(
+            self._text(unit),
+            unit.pair,
+            truncation=strategy,
+            max_length=limit if truncate else None,
+            return_attention_mask=False,
+            return_token_type_ids=self.types,
+            verbose=False,  # over-length inputs get our 422, not the tokenizer's warning
+        )
+        ids = list(enc["input_ids"])
+        if len(ids) > limit:
+            raise InvalidInput(
+                f"input is {len(ids)} tokens; this model takes at most {limit} tokens "
+                "(shorten it, or ask for truncation to cut it)"
+            )
+        types = list(enc["token_type_ids"]) if self.types else None
+        return Encoded(ids=ids, type_ids=types, prompt_tokens=self._prompt_length(unit))
+
+    def _ids(self, unit: Unit) -> Encoded:
+        """Token ids sent by the client, used as given (no special tokens added; TEI does the
+        same): truncated or refused like text."""
+        assert unit.ids is not None
+        ids = list(unit.ids)
+        _check_vocabulary(ids, self.info.vocab_size)
+        limit = self.info.max_input_tokens
+        if len(ids) > limit:
+            if not unit.params.get("truncate", False):
+                raise InvalidInput(
+                    f"input is {len(ids)} tokens; this model takes at most {limit} tokens"
+                )
+            ids = ids[-limit:] if unit.params.get("direction") == "left" else ids[:limit]
+        return Encoded(ids=ids, type_ids=[0] * len(ids) if self.types else None, prompt_tokens=0)
+
+    def _prompt_length(self, unit: Unit) -> int:
+        name = unit.params.get("prompt_name")
+        if name is None or self.sentence is None or self.sentence.include_prompt:
+            return 0
+        if name not in self._prompt_tokens:
+            self._prompt_tokens[name] = pooling.prompt_length(self.tok, self.info.prompts[name])
+        return self._prompt_tokens[name]
+
+    def _tokens(self, unit: Unit) -> list[dict[str, Any]]:
+        """TEI's /tokenize answer for one input: each token's id, text, special flag and its
+        character span in the input (null for special tokens)."""
+        text = self._text(unit)
+        special_ids = set(self.tok.all_special_ids)
+        enc = self.tok(
+            text,
+            add_special_tokens=bool(unit.params.get("add_special_tokens", True)),
+            return_offsets_mapping=True,
+        )
+        pieces = self.tok.convert_ids_to_tokens(enc["input_ids"])
+        out = []
+        for token_id, piece, (start, stop) in zip(
+            enc["input_ids"], pieces, enc["offset_mapping"], strict=True
+        ):
+            special = token_id in special_ids
+            out.append(
+                {
+                    "id": int(token_id),
+                    "text": piece if special else text[start:stop],
+                    "special": special,
+                    "start": None if special else int(start),
+                    "stop": None if special else int(stop),
+                }
+            )
+        return out
+
+    def _decode(self, unit: Unit, skip_special_tokens: bool) -> str:
+        assert unit.ids is not None
+        _check_vocabulary(unit.ids, self.info.vocab_size)
+        return str(self.tok.decode(list(unit.ids), skip_special_tokens=skip_special_tokens))
+
+    # -- per batch -----------------------------------------------------------------------
+    def run(self, batch: list[Prepared]) -> list[Any]:
+        """One forward over the padded batch; each unit's answer cut from its own row.
+
+        Shapes: input_ids/attention_mask [B, L] (L: the longest unit); the encoder's last
+        hidden state [B, L, H] or the classifier's logits [B, labels]. Raises what the model
+        raises.
+        """
+        import torch
+
+        encoded: list[Encoded] = [p.payload for p in batch]
+        lengths = np.array([len(e.ids) for e in encoded])
+        inputs = self._pad(encoded, lengths)
+        with torch.inference_mode():
+            out = self.pipe.model(**{k: v.to(self.pipe.device) for k, v in inputs.items()})
+        if self.info.kind == "classifier":
+            logits = out.logits.float().cpu()
+            return [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
+        hidden = out[0].float()
+        answers: list[Any] = [None] * len(batch)
+        pooled_rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED]
+        if pooled_rows:
+            self._pool_into(answers, batch, hidden, inputs["attention_mask"], pooled_rows)
+        rows = hidden.cpu().numpy()
+        width = rows.shape[1]
+        for i, p in enumerate(batch):
+            if p.unit.op is Op.ROWS:
+                n = int(lengths[i])
+                answers[i] = rows[i, width - n :] if self.left else rows[i, :n]
+        return answers
+
+    def _pad(self, encoded: list[Encoded], lengths: np.ndarray) -> dict[str, Any]:
+        import torch
+
+        width = int(lengths.max())
+        ids = np.full((len(encoded), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(encoded), width), dtype=np.int64)
+        types = np.zeros((len(encoded), width), dtype=np.int64) if self.types else None
+        for i, e in enumerate(encoded):
+            cols = slice(width - len(e.ids), width) if self.left else slice(0, len(e.ids))
+            ids[i, cols] = e.ids
+            mask[i, cols] = 1
+            if types is not None and e.type_ids is not None:
+                types[i, cols] = e.type_ids
+        out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+        if types is not None:
+            out["token_type_ids"] = torch.from_numpy(types)
+        return out
+
+    def _pool_into(
+        self, answers: list[Any], batch: list[Prepared], hidden: Any, mask: Any, rows: list[int]
+    ) -> None:
+        import torch
+
+        modes = self.info.pooling
+        assert modes is not None
+        index = torch.tensor(rows)
+        prompt = torch.tensor([batch[i].payload.prompt_tokens for i in rows])
+        mask = mask.to(hidden.device)
+        vectors = pooling.pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
+        for j, i in enumerate(rows):
+            params = batch[i].unit.params
+            answers[i] = (
+                pooling.finish(
+                    vectors[j : j + 1],
+                    normalize=bool(params.get("normalize", True)),
+                    dimensions=params.get("dimensions"),
+                )[0]
+                .cpu()
+                .numpy()
+            )
+
+    def _classified(self, unit: Unit, logits: Any) -> Any:
+        """`logits`: float32 [labels]; `classify`: what the text-classification pipeline
+        answers with `top_k` (None: every label, highest first) and `function_to_apply`."""
+        if unit.op is Op.LOGITS:
+            return logits[0].numpy()
+        from transformers.pipelines.text_classification import ClassificationFunction
+
+        function = unit.params.get("function_to_apply")
+        return self.pipe.postprocess(
+            {"logits": logits},
+            function_to_apply=None if function is None else ClassificationFunction(function),
+            top_k=unit.params.get("top_k"),
+            _legacy=False,
+        )
+
+
+def _check_vocabulary(ids: Sequence[int], vocab: int) -> None:
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise InvalidInput(f"token id {bad} is outside this model's vocabulary (0..{vocab - 1})")

@@ -1,0 +1,97 @@
+"""The one request path every protocol route goes through: parse -> admit -> submit -> encode.
+
+A route is `serve(request, parse)`: the API key, readiness, the deadline and the body (with its
+limits) are handled here the same way for every route; `parse(body, content type, model)`
+is the protocol's adapter and returns the `Job`; its units are admitted all or none, awaited,
+and `job.finish` turns their answers into the JSON response.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.errors import Unauthorized, WrongTask
+from service.jobs import Job, Op
+from service.model import ModelInfo
+from service.runtime import ClientGone, Runtime
+from service.settings import Settings
+
+_JSON = "application/json"
+
+#: A protocol adapter: (body, Content-Type, the loaded model, the settings) -> Job.
+Parse = Callable[[bytes, str | None, ModelInfo, Settings], Job]
+
+
+def json_response(
+    content: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """orjson-encoded JSON; numpy arrays (embeddings, token rows) are encoded directly, in
+    float32's shortest form."""
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY, default=_fallback)
+    return Response(body, status_code=status, headers=headers, media_type=_JSON)
+
+
+def _fallback(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):  # torch tensors, non-contiguous arrays
+        return obj.tolist()
+    raise TypeError(type(obj).__name__)
+
+
+def runtime_of(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+def require_api_key(request: Request) -> None:
+    """401 unless API_KEY is unset or `Authorization: Bearer <key>` matches (constant time)."""
+    key = runtime_of(request).settings.api_key
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise Unauthorized(
+            "missing or wrong API key: send Authorization: Bearer <key>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def require(info: ModelInfo, op: Op, route: str) -> None:
+    """424 naming the loaded task when the model cannot compute `op` (TEI answers 424 too)."""
+    if op not in info.ops:
+        raise WrongTask(f"{route} is not served by this deployment: {_serves(info)}")
+
+
+def _serves(info: ModelInfo) -> str:
+    what = {
+        "feature-extraction": "an embedding model" if info.pooling else "token rows",
+        "text-classification": "a text classifier",
+        "zero-shot-classification": "an NLI model for zero-shot classification",
+    }.get(info.task, "a model")
+    return f"it serves {info.task} ({what}: {info.model_id})"
+
+
+async def serve(request: Request, parse: Parse) -> Response:
+    """parse -> admit -> submit -> encode, with the shared checks (see the module docstring).
+
+    A client that leaves before its answer gets 499 in the log and metrics (nobody reads it)."""
+    runtime = runtime_of(request)
+    require_api_key(request)
+    info = runtime.model_info()
+    deadline = runtime.deadline(request)
+    try:
+        body = await runtime.receive(request, deadline)
+    except ClientGone:
+        return Response(status_code=499)
+    job = parse(body, request.headers.get("content-type"), info, runtime.settings)
+    request.scope["state"]["inputs"] = job.inputs
+    try:
+        answers = await runtime.run(job.units, request, deadline)
+    except ClientGone:
+        return Response(status_code=499)
+    return json_response(job.finish(answers))

@@ -1,0 +1,106 @@
+"""Shedding from the request head: the cheapest answer a request can get, and a tarpit for
+clients that retry before their Retry-After.
+
+A pure ASGI middleware in front of the router. For a `POST` to a route that submits model
+work it decides from the head alone (no body read, no JSON parsed, no route or exception
+machinery): while the server drains, loads, has a full queue, or predicts a wait past the
+request's deadline, the request is answered 503 with `Retry-After` at once. What passes is
+admitted again, exactly, when its inputs are counted (`WorkQueue.offer`).
+
+Clients that ignore Retry-After and resend at once (a retry storm) would otherwise turn every
+freed CPU cycle into another shed (Bronson et al., "Metastable Failures in Distributed
+Systems", HotOS 2021): a connection shed once, that asks again before its Retry-After has
+passed, is held (an idle timer, no CPU) until then, and its request is then admitted if there
+is room, else shed. A first shed, and every polite retry, is answered at once. Connections are
+told apart by their client address and port (one keep-alive connection each; behind a proxy
+that pools upstream connections, a client may wait at most one Retry-After for another's
+retry). `SHED_TARPIT=false` turns the hold off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service import metrics
+from service.errors import Overloaded, Unavailable
+from service.runtime import Runtime, arrival
+
+_MAX_TRACKED = 100_000  # connections remembered at once (each one small tuple and a float)
+
+
+class ShedGate:
+    """Sheds `POST` requests to `paths` from their head (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, *, runtime: Runtime, paths: frozenset[str]) -> None:
+        self.app = app
+        self.runtime = runtime
+        self.paths = paths
+        self.tarpit = runtime.settings.shed_tarpit
+        self._key = runtime.settings.api_key
+        self._retry_at: dict[object, float] = {}  # client (host, port) -> monotonic seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self._key is not None and not self._authorized(headers):
+            await self.app(scope, receive, send)  # the route answers 401
+            return
+        asked = headers.get(b"x-request-timeout")
+        refusal = self.runtime.refusal(scope, asked)
+        if refusal is not None and self.tarpit and isinstance(refusal, Overloaded):
+            left = arrival(scope) + (self.runtime.timeout(asked) or 0.0) - time.monotonic()
+            hold = min(self._early_by(scope.get("client")), left)
+            if hold > 0:  # a retry before its Retry-After: wait (no CPU), then decide again
+                await asyncio.sleep(hold)
+                refusal = self.runtime.refusal(scope, asked)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        await self._answer(scope, send, refusal)
+
+    def _early_by(self, client: object) -> float:
+        """Seconds until this connection's last Retry-After has passed (0: not early)."""
+        retry_at = self._retry_at.get(client)
+        return 0.0 if retry_at is None else max(0.0, retry_at - time.monotonic())
+
+    async def _answer(self, scope: Scope, send: Send, error: Unavailable) -> None:
+        metrics.count_shed(error)
+        retry_after = error.headers["Retry-After"]
+        if self.tarpit and isinstance(error, Overloaded):
+            self._remember(scope.get("client"), float(retry_after))
+        body = orjson.dumps(
+            {
+                "error": error.message,
+                "error_type": error.error_type,
+                "request_id": scope["state"]["request_id"],
+            }
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", retry_after.encode()),
+        ]
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _remember(self, client: object, retry_after_s: float) -> None:
+        if client is None:
+            return
+        now = time.monotonic()
+        if len(self._retry_at) >= _MAX_TRACKED:  # forget the connections whose time passed
+            self._retry_at = {c: t for c, t in self._retry_at.items() if t > now}
+        self._retry_at[client] = now + retry_after_s
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        assert self._key is not None
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(
+            token.strip(), self._key.encode()
+        )
