@@ -128,15 +128,12 @@ class Limit:
         shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
         input ``tokens`` long. A padded batch costs its shape whatever its real tokens, so this
         is what a server point's batches cost alone; the server's log gives their shapes."""
-        from dataclasses import replace
-
         from service.model import sample_unit
 
         engine = self.engine()
         if self._longest is None:
             longest = max(zip(self.lengths, self.inputs, strict=True))[1]
-            unit = sample_unit(engine.info, longest)
-            self._longest = engine.prepare(replace(unit, params={**unit.params, "truncate": True}))
+            self._longest = engine.prepare(sample_unit(engine.info, longest))
         seconds = 0.0
         for n, length in shapes:
             one = _cut(self._longest, length)

@@ -284,13 +284,13 @@ class BatchCost:
 
 
 def sample_unit(info: ModelInfo, text: str) -> Unit:
-    """A unit of the op that carries this model's usual traffic, on `text` (fill-mask gets
-    the mask token appended): for warm-up and calibration."""
+    """A unit of the op that carries this model's usual traffic, on `text` cut to the model's
+    limit (fill-mask gets the mask token appended): for warm-up and calibration."""
     if info.kind == "pipeline":
         suffix = f" {info.mask_token}" if info.mask_token else ""
-        return Unit(op=Op.PIPELINE, text=text + suffix)
+        return Unit(op=Op.PIPELINE, text=text + suffix, params={"truncation": True})
     op = Op.LOGITS if info.kind == "classifier" else Op.EMBED if info.pooling else Op.ROWS
-    return Unit(op=op, text=text)
+    return Unit(op=op, text=text, params={"truncate": True})
 
 
 def calibrate(engine: Engine) -> BatchCost:
@@ -300,7 +300,7 @@ def calibrate(engine: Engine) -> BatchCost:
     fixed cost of a call. Clamped to [8, 4096] tokens. The selector trades padding against the
     overhead; admission starts from this model."""
     word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
-    one = [engine.prepare(sample_unit(engine.info, word * 61))]
+    one = [engine.prepare(sample_unit(engine.info, word * min(61, engine.info.max_input_tokens)))]
     many = one * 16
 
     def best_of_3(batch: list[Prepared]) -> tuple[float, int]:

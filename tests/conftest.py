@@ -19,7 +19,13 @@ from models import build
 
 from service.loading import default_model_dir
 
-TASKS = ("fill-mask", "text-classification", "token-classification")
+TASKS = (
+    "fill-mask",
+    "text-classification",
+    "token-classification",
+    "zero-shot-classification",
+    "rerank",
+)
 
 
 @pytest.fixture(scope="session")

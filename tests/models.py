@@ -20,6 +20,8 @@ WORDS = (  # noqa: SIM905  (a sentence reads better than a column of words)
 MAX_POSITIONS = 512
 
 TEXT_LABELS = {0: "NEGATIVE", 1: "NEUTRAL", 2: "POSITIVE"}
+NLI_LABELS = {0: "contradiction", 1: "neutral", 2: "entailment"}  # entailment not at 0
+RERANK_LABELS = {0: "LABEL_0"}  # a cross-encoder: one relevance logit
 TOKEN_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
@@ -32,7 +34,8 @@ def vocabulary() -> list[str]:
 
 def build(kind: str, folder: Path, seed: int = 0) -> Path:
     """Write a tiny model of `kind` ("fill-mask", "text-classification",
-    "token-classification") into `folder` and return it."""
+    "token-classification", "zero-shot-classification": an NLI classifier, "rerank": a
+    one-label cross-encoder) into `folder` and return it."""
     import torch
     from transformers import (
         BertConfig,
@@ -45,7 +48,12 @@ def build(kind: str, folder: Path, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     vocab = {token: i for i, token in enumerate(vocabulary())}
     tokenizer = BertTokenizer(vocab=vocab, do_lower_case=True)
-    labels = {"text-classification": TEXT_LABELS, "token-classification": TOKEN_LABELS}.get(kind)
+    labels = {
+        "text-classification": TEXT_LABELS,
+        "token-classification": TOKEN_LABELS,
+        "zero-shot-classification": NLI_LABELS,
+        "rerank": RERANK_LABELS,
+    }.get(kind)
     config = BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -60,6 +68,8 @@ def build(kind: str, folder: Path, seed: int = 0) -> Path:
         "fill-mask": BertForMaskedLM,
         "text-classification": BertForSequenceClassification,
         "token-classification": BertForTokenClassification,
+        "zero-shot-classification": BertForSequenceClassification,
+        "rerank": BertForSequenceClassification,
     }[kind]
     model_class(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
