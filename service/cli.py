@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 import sys
 
+from service.loading import preflight
 from service.settings import SettingsError, load_settings
 
 
 def main() -> None:
     try:
-        load_settings()  # fail here, in one line, before gunicorn starts
-    except SettingsError as exc:
+        settings = load_settings()  # fail here, in one line, before gunicorn starts
+        preflight(settings)
+    except (SettingsError, ValueError) as exc:
         print(f"pipeline-server: {exc}", file=sys.stderr)
         sys.exit(2)
     # Tokenizers' Rust thread pool is unsafe across fork (gunicorn forks the worker).

@@ -92,6 +92,26 @@ def _is_nli(label2id: dict[str, int]) -> bool:
     return any(n.startswith("entail") for n in names) and names <= _NLI_LABELS
 
 
+def preflight(settings: Settings) -> None:
+    """Checks that need no weights, before the server starts (the console script runs them):
+    the task, a sentence-transformers folder whose modules we cannot apply, zero-shot without
+    an entailment label. Raises `ValueError` with one line naming the problem. Only local
+    folders are read (a hub model is checked when it loads)."""
+    model_id = settings.model_id or default_model_dir()
+    if not Path(model_id).is_dir():
+        return
+    task = infer_task(model_id, settings)
+    if task == "feature-extraction" and settings.pooling != "none":
+        pooling.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
+    if task == "zero-shot-classification":
+        label2id = _config(model_id, settings).get("label2id") or {}
+        if not any(str(label).lower().startswith("entail") for label in label2id):
+            raise ValueError(
+                "TASK=zero-shot-classification needs a model whose config names an entailment "
+                f"label (label2id); this model's labels are {', '.join(map(str, label2id))}"
+            )
+
+
 def load_engine(settings: Settings) -> Engine:
     """Build the pipeline (this takes seconds: inference thread only) and return the engine
     that serves its task (`EncoderEngine` or `PipelineEngine`)."""

@@ -7,10 +7,12 @@ import json
 import socket
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import SEED_TEXT, ServerProcess
+from models import build_sentence_model
 
 from service.loading import default_model_dir
 
@@ -101,3 +103,19 @@ def test_more_bad_settings_stop_the_start(
     assert server.proc.wait(30) == 2
     lines = server.log().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipeline-server: " + message), lines
+
+
+def test_a_sentence_model_with_modules_we_cannot_apply_is_refused_at_start(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A Dense module (LaBSE, sentence-t5) after pooling: one line naming it, exit 2."""
+    folder = build_sentence_model(tmp_path / "dense", ("mean",), normalize=False)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append(
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    )
+    (folder / "modules.json").write_text(json.dumps(modules))
+    server = start_server(MODEL_ID=str(folder))
+    assert server.proc.wait(30) == 2
+    lines = server.log().strip().splitlines()
+    assert len(lines) == 1 and "Dense" in lines[0] and "2_Dense" in lines[0], lines
