@@ -20,7 +20,7 @@ from service import metrics
 from service.batcher import Batcher
 from service.errors import MethodNotAllowed, NotFound, ServiceError
 from service.loading import load_engine
-from service.log import configure_logging
+from service.log import configure_logging, event_line
 from service.protocols.serving import json_response
 from service.routes import INFERENCE_PATHS, ROUTES
 from service.runtime import Runtime
@@ -82,19 +82,20 @@ class RequestContext:
     def _record(scope: Scope, request_id: str, status: int, seconds: float) -> None:
         path = scope["path"]
         route = path if path in _ROUTE_LABELS else "other"
-        metrics.REQUESTS.labels(route, str(status)).inc()
-        metrics.REQUEST_SECONDS.labels(route).observe(seconds)
+        requests, duration = metrics.request_metrics(route, status)
+        requests.inc()
+        duration.observe(seconds)
         if route in ("/readyz", "/livez", "/metrics"):
             return  # probes every few seconds would drown the log; the metrics count them
-        log.info(
-            "request",
-            request_id=request_id,
-            method=scope["method"],
-            route=route,
-            status=status,
-            latency_ms=round(1000 * seconds, 2),
-            inputs=scope["state"].get("inputs", 0),
-        )
+        fields = {
+            "request_id": request_id,
+            "method": scope["method"],
+            "route": route,
+            "status": status,
+            "latency_ms": round(1000 * seconds, 2),
+            "inputs": scope["state"].get("inputs", 0),
+        }
+        event_line("service.app", "request", fields)
 
 
 def _error_body(request: Request, exc: ServiceError) -> Response:

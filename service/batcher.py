@@ -36,6 +36,7 @@ from service.errors import (
 )
 from service.jobs import NO_FORWARD
 from service.loading import load_engine
+from service.log import event_line
 from service.model import Engine, ModelInfo, calibrate, warm_up
 from service.selection import MAX_PASSES, best_run
 from service.settings import Settings
@@ -285,15 +286,15 @@ class Batcher:
         metrics.PADDING_EFFICIENCY.observe(sum(tokens) / padded)
         metrics.INFERENCE_SECONDS.observe(took)
         metrics.INPUTS.labels("answered").inc(len(live))
-        log.info(
-            "batch",
-            size=len(live),
-            tokens=sum(tokens),
-            padded_tokens=padded,
-            queue_wait_ms=round(1000 * (started - min(i.enqueued_at for i in live)), 2),
-            inference_ms=round(1000 * took, 2),
-            queue_depth=self.queue.depth,
-        )
+        fields = {
+            "size": len(live),
+            "tokens": sum(tokens),
+            "padded_tokens": padded,
+            "queue_wait_ms": round(1000 * (started - min(i.enqueued_at for i in live)), 2),
+            "inference_ms": round(1000 * took, 2),
+            "queue_depth": self.queue.depth,
+        }
+        event_line("service.batcher", "batch", fields)
 
     # -- dropping and failing ------------------------------------------------------------
     def _dropped(self, item: Item) -> bool:
