@@ -61,10 +61,14 @@ def _identity(answers: list[Any]) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """What one request asks: its units and how their answers become the response content."""
+    """What one request asks: its units and how their answers become the response content.
+
+    `paths` name each unit's input for error messages (`inputs[2]`, `texts[0]`); None when
+    the request holds one input (its errors need no path)."""
 
     units: Sequence[Unit]
     finish: Callable[[list[Any]], Any] = _identity
+    paths: Sequence[str] | None = None
 
     @property
     def inputs(self) -> int:

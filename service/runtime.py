@@ -9,6 +9,7 @@ for is cancelled, so the inference thread drops it before compute.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import math
 import os
@@ -16,7 +17,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -215,40 +216,59 @@ class Runtime:
         self.batcher.queue.offer(items, self.batcher.estimate)
         return items
 
-    async def run(self, units: Sequence[Unit], request: Request, deadline: float) -> list[Any]:
-        """Admit the units, then await their answers (`submit`, then `wait`)."""
-        return await self.wait(self.submit(units, deadline), request, deadline)
+    async def run(
+        self,
+        units: Sequence[Unit],
+        request: Request,
+        deadline: float,
+        paths: Sequence[str] | None = None,
+    ) -> list[Any]:
+        """Admit the units, then await their answers (`submit`, then `wait`); `paths` name
+        each unit's input in error messages (`inputs[2]`)."""
+        return await self.wait(self.submit(units, deadline), request, deadline, paths)
 
-    async def wait(self, items: list[Item], request: Request, deadline: float) -> list[Any]:
-        """The answers, in order. Raises the first input's ServiceError, 504 at the deadline,
-        503 when the drain time ends, or `ClientGone` when the client disconnects."""
-        results: asyncio.Future[list[Any]] = asyncio.gather(
-            *(asyncio.wrap_future(i.future) for i in items)
+    async def wait(
+        self,
+        items: list[Item],
+        request: Request,
+        deadline: float,
+        paths: Sequence[str] | None = None,
+    ) -> list[Any]:
+        """The answers, in order. Raises the first failed input's ServiceError (its message
+        prefixed with its path), 504 at the deadline, 503 when the drain time ends, or
+        `ClientGone` when the client disconnects.
+
+        One asyncio future is settled by whichever comes first (no task or future per unit):
+        the inference thread calls back once, thread-safely, when the last unit is answered or
+        one fails; a timer at the deadline; the drain end; a watcher of `http.disconnect`."""
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop, len(items))
+        for item in items:
+            item.future.add_done_callback(waiter.unit_done)
+        timer = loop.call_at(
+            loop.time() + max(0.0, deadline - time.monotonic()), waiter.settle, "deadline"
         )
         drain_over = self._drain_over
         assert drain_over is not None
-        gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
+        on_drain = waiter.settle_when_done("drain")
+        drain_over.add_done_callback(on_drain)
+        gone = loop.create_task(_watch_disconnect(request, waiter))
         try:
-            timeout = max(0.0, deadline - time.monotonic())
-            waiting: set[asyncio.Future[Any]] = {results, gone, drain_over}
-            done, _ = await asyncio.wait(
-                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if results in done:
-                failed = results.exception()
-                if failed is not None:  # one input failed: the request is over,
-                    self._abandon(items, "request_failed")  # so its other inputs cost nothing
-                    _name_the_input(items, failed)
-                return results.result()
-            reason, error = self._why_stopped(gone in done, drain_over in done)
-            self._abandon(items, reason)
-            raise error
+            why = await waiter.future
         finally:
+            timer.cancel()
             gone.cancel()
-            results.cancel()
-            # Inputs cancelled above end the gather with CancelledError as its exception, after
-            # this returns: retrieve it, or asyncio logs an error line per abandoned request.
-            results.add_done_callback(_retrieve)
+            drain_over.remove_done_callback(on_drain)
+        failed = _first_failure(items)
+        if failed is not None:  # one input failed: the request is over,
+            self._abandon(items, "request_failed")  # so its other inputs cost nothing
+            _name_the_input(items, failed, paths)
+            raise failed
+        if why != "gone" and all(i.future.done() for i in items):
+            return [i.future.result() for i in items]  # answered, even if at the last moment
+        reason, error = self._why_stopped(why == "gone", why == "drain")
+        self._abandon(items, reason)
+        raise error
 
     @staticmethod
     def _abandon(items: list[Item], reason: str) -> None:
@@ -266,27 +286,59 @@ class Runtime:
         return "deadline", DeadlineExceeded("the request deadline passed before its answer")
 
 
-def _name_the_input(items: list[Item], failed: BaseException) -> None:
-    """In a list request, prefix a 4xx message with the failing input's path (`inputs[2]`)."""
-    if len(items) < 2 or not isinstance(failed, ServiceError) or failed.status >= 500:
+class _Waiter:
+    """One request's wake-up: an asyncio future settled once, on the loop, with why the wait
+    ended ("done", "deadline", "drain", "gone"). `unit_done` runs in whichever thread settles
+    a unit's concurrent future (the inference thread; the loop when it cancels)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, units: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[str] = loop.create_future()
+        self._left = units
+        self._lock = threading.Lock()
+
+    def unit_done(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        failed = not future.cancelled() and future.exception() is not None
+        if last or failed:
+            self.loop.call_soon_threadsafe(self.settle, "done")
+
+    def settle(self, why: str) -> None:
+        if not self.future.done():
+            self.future.set_result(why)
+
+    def settle_when_done(self, why: str) -> Callable[[asyncio.Future[Any]], None]:
+        return lambda _: self.settle(why)
+
+
+def _first_failure(items: list[Item]) -> BaseException | None:
+    """The exception of the first input (in order) that failed, if any."""
+    for item in items:
+        future = item.future
+        if future.done() and not future.cancelled() and future.exception() is not None:
+            return future.exception()
+    return None
+
+
+def _name_the_input(items: list[Item], failed: BaseException, paths: Sequence[str] | None) -> None:
+    """Prefix a 4xx message with the failing input's path (`inputs[2]`), when it has one."""
+    if not paths or not isinstance(failed, ServiceError) or failed.status >= 500:
         return
-    for index, item in enumerate(items):
+    for item, path in zip(items, paths, strict=True):
         future = item.future
         if future.done() and not future.cancelled() and future.exception() is failed:
-            failed.message = f"inputs[{index}]: {failed.message}"
+            failed.message = f"{path}: {failed.message}"
             return
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the ASGI server reports `http.disconnect` for this request."""
+async def _watch_disconnect(request: Request, waiter: _Waiter) -> None:
+    """Settle `waiter` when the ASGI server reports `http.disconnect` for this request."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
+            waiter.settle("gone")
             return
 
 

@@ -149,6 +149,14 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def list_paths(request: _Request, name: str = "inputs", per_input: int = 1) -> list[str] | None:
+    """`inputs[i]` for each unit of a list request (`per_input` units each); None otherwise."""
+    value = getattr(request, name)
+    if not isinstance(value, list):
+        return None
+    return [f"{name}[{i}]" for i in range(len(value)) for _ in range(per_input)]
+
+
 # -- feature-extraction and sentence-similarity ----------------------------------------------
 def embedding_params(
     info: ModelInfo,
@@ -199,9 +207,10 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
         default_truncate=settings.truncate,
     )
     units = [Unit(op=op, text=t, params=params) for t in _as_list(request.inputs)]
+    paths = list_paths(request)
     if op is Op.ROWS:  # the pipeline's shape: [1, tokens, hidden] per input
-        return Job(units, _rows_finish(_is_list(request)))
-    return Job(units, (lambda a: a) if _is_list(request) else (lambda a: [a[0]]))
+        return Job(units, _rows_finish(_is_list(request)), paths)
+    return Job(units, (lambda a: a) if _is_list(request) else (lambda a: [a[0]]), paths)
 
 
 def _rows_finish(is_list: bool) -> Any:
@@ -244,7 +253,8 @@ def _similarity(request: _Request, info: ModelInfo, settings: Settings) -> Job:
     if len(texts_) > settings.max_client_batch_size:
         raise _too_many(len(texts_), settings.max_client_batch_size)
     units = [Unit(op=Op.EMBED, text=t, params=unit_params) for t in texts_]
-    return Job(units, cosine_to_first)
+    paths = ["inputs.source_sentence"] + [f"inputs.sentences[{i}]" for i in range(len(texts_) - 1)]
+    return Job(units, cosine_to_first, paths)
 
 
 def cosine_to_first(vectors: list[Any]) -> list[float]:
@@ -276,7 +286,7 @@ def _text_classification(request: _Request, info: ModelInfo, settings: Settings)
         text, pair = (item, None) if isinstance(item, str) else (item.text, item.text_pair)
         units.append(Unit(op=Op.CLASSIFY, text=text, pair=pair, params=unit_params))
     # One list of labels per input; a single input too (the client reads response[0]).
-    return Job(units)
+    return Job(units, paths=list_paths(request))
 
 
 def _zero_shot(request: _Request, info: ModelInfo, settings: Settings) -> Job:
@@ -319,7 +329,7 @@ def _zero_shot(request: _Request, info: ModelInfo, settings: Settings) -> Job:
         ]
         return answers if _is_list(request) else answers[0]
 
-    return Job(units, finish)
+    return Job(units, finish, list_paths(request, per_input=len(labels)))
 
 
 def _labels(raw: list[str] | str) -> list[str]:
@@ -360,7 +370,8 @@ def _pipeline_task(request: _Request, info: ModelInfo, settings: Settings) -> Jo
         _check_masks(texts_, info.mask_token, _is_list(request))
     unit_params = pipeline_params(params)
     units = [Unit(op=Op.PIPELINE, text=t, params=unit_params) for t in texts_]
-    return Job(units, (lambda a: a) if _is_list(request) else (lambda a: a[0]))
+    finish = (lambda a: a) if _is_list(request) else (lambda a: a[0])
+    return Job(units, finish, list_paths(request))
 
 
 def _check_masks(inputs: list[str], mask: str, is_list: bool) -> None:

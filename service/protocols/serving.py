@@ -91,7 +91,7 @@ async def serve(request: Request, parse: Parse) -> Response:
     job = parse(body, request.headers.get("content-type"), info, runtime.settings)
     request.scope["state"]["inputs"] = job.inputs
     try:
-        answers = await runtime.run(job.units, request, deadline)
+        answers = await runtime.run(job.units, request, deadline, job.paths)
     except ClientGone:
         return Response(status_code=499)
     return json_response(job.finish(answers))
