@@ -208,6 +208,25 @@ def test_a_pipelined_request_over_the_bound_gets_431_after_the_first_answer(
     assert refused(server, "head_too_large") == before + 1
 
 
+CHUNKED = H + b"Transfer-Encoding: chunked\r\n\r\n5;x=1\r\na goo\r\nA\r\nd sentence\r\n0\r\n"
+
+
+def test_a_chunked_request_and_the_one_pipelined_after_it_are_served(
+    server: ServerProcess,
+) -> None:
+    data = CHUNKED + b"X-Trailer: 1\r\n\r\n" + post(Connection="close")
+    answers, closed = exchange(server, data)
+    assert [a[0] for a in answers] == [200, 200] and closed
+    assert answers[0][2] == answers[1][2]  # the same text, chunked or not
+
+
+def test_a_trailer_section_over_the_bound_gets_431(server: ServerProcess) -> None:
+    before = refused(server, "head_too_large")
+    answers, closed = exchange(server, CHUNKED + b"X-Trailer: " + b"t" * BOUND + b"\r\n\r\n")
+    assert [a[0] for a in answers] == [431] and closed
+    assert refused(server, "head_too_large") == before + 1
+
+
 def test_a_slow_head_gets_408_at_its_deadline(server: ServerProcess) -> None:
     before = refused(server, "head_timeout")
     with connect(server) as sock:
