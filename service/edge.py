@@ -15,51 +15,35 @@
   Content-Length, control bytes in header values, obs-fold, bare CR or LF (tests/test_edge.py).
 
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
-once per second per reason. A refusal waits for the answers already under way on its
-connection (pipelining), then closes it after a short linger (below).
+once per second per reason (`service.refusals`). A refusal waits for the answers already under
+way on its connection (pipelining), then closes it after a short linger (below).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import time
-import uuid
 from asyncio import TimerHandle
-from collections import Counter
 from typing import Any, ClassVar, cast
 
 import httptools
-import orjson
 import structlog
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.server import ServerState
 
-from service import metrics
 from service.framing import Framer, Step
+from service.refusals import Refusal, answer, record
 from service.settings import Settings, load_settings
 
 log = structlog.get_logger("service.edge")
 
-REASONS = ("head_too_large", "head_timeout", "connection_limit", "bad_request")
 # After a refusal the answer is followed by a FIN, and what the client still sends (the rest
 # of an oversize head, an upload) is read and dropped for this long: closing with unread input
 # makes the kernel reset the connection, which can destroy the answer before it is read
 # (nginx's "lingering close"). The client's own close ends it sooner.
 _LINGER_S = 2.0
-_LOG_EVERY_S = 1.0
-_last_logged: dict[str, float] = {}
-_unlogged: Counter[str] = Counter()
-
-
-class Refusal(Exception):
-    """A request the edge answers itself, then closes the connection."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
 
 
 @functools.cache
@@ -100,8 +84,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self.transport = transport
             self.client = get_remote_addr(transport)
             self._refusal = Refusal(503, "connection_limit", "too many open connections")
-            _record(self._refusal, self.client)
-            transport.write(self._answer_bytes(self._refusal))
+            record(self._refusal, self.client)
+            transport.write(answer(self._refusal, self.server_state.default_headers))
             transport.close()  # no linger: this connection must not hold its descriptor
             return
         super().connection_made(transport)
@@ -199,7 +183,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._refusal = refusal
         self._framer.close()
         self._stop_head_timer()
-        _record(refusal, self.client)
+        record(refusal, self.client)
         if not in_head:  # the body of the last request parsed: answer it in its place
             cycle = self.cycle
             if self.pipeline or cycle.response_started:
@@ -224,26 +208,13 @@ class EdgeProtocol(HttpToolsProtocol):
             self._answer(pending)
 
     def _answer(self, refusal: Refusal) -> None:
-        self.transport.write(self._answer_bytes(refusal))
+        self.transport.write(answer(refusal, self.server_state.default_headers))
         if not self.transport.can_write_eof():
             self.transport.close()
             return
         self.transport.write_eof()
         self.flow.resume_reading()  # drop what arrives (data_received), until EOF or the linger
         self.loop.call_later(_LINGER_S, self.transport.close)
-
-    def _answer_bytes(self, refusal: Refusal) -> bytes:
-        request_id = uuid.uuid4().hex
-        body = orjson.dumps(
-            {"error": refusal.message, "error_type": refusal.reason, "request_id": request_id}
-        )
-        headers = [*self.server_state.default_headers, (b"content-type", b"application/json")]
-        headers += [(b"content-length", b"%d" % len(body)), (b"connection", b"close")]
-        headers.append((b"x-request-id", request_id.encode()))
-        if refusal.status == 503:
-            headers.append((b"retry-after", b"1"))
-        lines = b"".join(b"%s: %s\r\n" % pair for pair in headers)
-        return STATUS_LINE[refusal.status] + lines + b"\r\n" + body
 
     # The head deadline: one timer per connection, moved on lazily, so that a request costs a
     # clock read rather than a timer of its own (call_later + cancel cost more than the rest).
@@ -271,26 +242,3 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         message = f"request head not received within {self._head_timeout_s:g} s"
         self._refuse(Refusal(408, "head_timeout", message), in_head=True)
-
-
-def _record(refusal: Refusal, client: Any) -> None:
-    """Count the refusal; log it unless its reason was logged within the last second (a flood
-    must not flood the log): the next line says how many were left out."""
-    metrics.HTTP_REFUSED.labels(refusal.reason).inc()
-    now = time.monotonic()
-    if now - _last_logged.get(refusal.reason, float("-inf")) < _LOG_EVERY_S:
-        _unlogged[refusal.reason] += 1
-        return
-    _last_logged[refusal.reason] = now
-    log.warning(
-        "http_refused",
-        reason=refusal.reason,
-        status=refusal.status,
-        error=refusal.message,
-        client=client[0] if client else None,
-        unlogged_before=_unlogged.pop(refusal.reason, 0),
-    )
-
-
-for _reason in REASONS:
-    metrics.HTTP_REFUSED.labels(_reason)  # every reason is exported from the start, at 0
