@@ -3,8 +3,9 @@
 uvicorn's httptools protocol enforces no bound on the request head and no deadline on it, and
 gunicorn's `limit_request_*` settings do not reach uvicorn workers: one client sending a 200 MB
 header kept the event loop parsing until gunicorn killed the worker for missing its heartbeat.
-`service.edge.EdgeProtocol` keeps httptools (about 0.2 ms cheaper per request than h11) and adds
-the limits (MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_S, MAX_CONNECTIONS; issue 14).
+`service.edge.EdgeProtocol` keeps httptools (half h11's CPU per request: README, "HTTP edge
+cost") and adds the limits (MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_S, MAX_CONNECTIONS;
+issue 14).
 """
 
 from __future__ import annotations
