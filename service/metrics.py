@@ -57,6 +57,11 @@ CANCELLED = Counter(_P + "cancelled_total", "Inputs dropped before compute.", ["
 MODEL_LOAD_SECONDS = Gauge(_P + "model_load_seconds", "Seconds the model took to load and warm.")
 READY = Gauge(_P + "ready", "1 when the model is loaded, warmed and not draining.")
 TORCH_THREADS = Gauge(_P + "torch_threads", "torch intra-op threads.")
+HTTP_REFUSED = Counter(
+    _P + "http_refused_total",
+    "Connections the HTTP edge answered itself and closed (service/edge.py), by reason.",
+    ["reason"],
+)
 
 
 def count_shed(error: object) -> None:

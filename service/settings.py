@@ -66,6 +66,16 @@ class Settings(BaseSettings):
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
     model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
+    # The HTTP edge (service/edge.py, issue 14): limits applied before the app sees a request.
+    # The request line, header lines and the final CRLF CRLF, in bytes (431 above it); Go's
+    # default is 1 MiB, the ceiling here.
+    max_request_head_bytes: int = Field(64 * 1024, ge=1024, le=1024 * 1024)
+    # From the accept, or the next request's first byte, to the end of its head (408 past it).
+    request_head_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    # Open connections; one more is answered 503 and closed. Below the 1024 descriptors a
+    # container gets by default (soft limit), leaving room for the process's own.
+    max_connections: int = Field(900, ge=1)
+
     @field_validator("log_level", "log_format", "pooling", mode="before")
     @classmethod
     def _lowercase(cls, value: object) -> object:

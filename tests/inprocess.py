@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 
 from service.app import create_app
+from service.edge import EdgeProtocol
 from service.jobs import Unit
 from service.loading import load_engine
 from service.model import Engine
@@ -118,11 +119,15 @@ class Served:
 def serve(
     settings: Settings, engine_factory: Callable[[Settings], Engine] = load_engine
 ) -> Iterator[Served]:
-    """`create_app(settings, engine_factory)` under uvicorn (httptools, as in production) in a
-    thread; yields once /readyz answers 200, stops the server (lifespan shutdown) after."""
+    """`create_app(settings, engine_factory)` under uvicorn with the service's HTTP edge (as in
+    production) in a thread; yields once /readyz answers 200, stops the server (lifespan
+    shutdown) after."""
     app = create_app(settings, engine_factory=engine_factory)
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    http = EdgeProtocol.with_settings(settings)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_config=None, lifespan="on", http=http
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

@@ -496,3 +496,20 @@ def _values_extra_env(values: Path | None) -> list[Manifest]:
     data = yaml.safe_load(values.read_text()) or {}
     extra: list[Manifest] = data.get("extraEnv", [])
     return extra
+
+
+def test_edge_limits_come_from_values() -> None:
+    env = env_map(
+        server_container(
+            render(
+                None,
+                "server.maxConnections=500",
+                "server.requestHeadTimeoutS=3",
+                "server.maxRequestHeadBytes=1048576",
+            )
+        )
+    )
+    assert env["MAX_CONNECTIONS"]["value"] == "500"
+    assert env["REQUEST_HEAD_TIMEOUT_S"]["value"] == "3"
+    assert env["MAX_REQUEST_HEAD_BYTES"]["value"] == "1048576"  # not 1.048576e+06
+    assert "maxRequestHeadBytes" in render_error(None, "server.maxRequestHeadBytes=512")

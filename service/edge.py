@@ -1,0 +1,244 @@
+"""The HTTP edge: uvicorn's httptools protocol with the limits llhttp lacks (issue 14).
+
+- Each request head is bounded exactly (MAX_REQUEST_HEAD_BYTES, else 431): `service.framing`
+  cuts the stream and llhttp is fed one head or body at a time, so the bytes are counted
+  before llhttp parses them, in one read or dribbled, pipelined or not.
+- Each head has a deadline (REQUEST_HEAD_TIMEOUT_S, else 408), from the accept or from the next
+  request's first byte: a connection that sends nothing, or a slow head, is closed. Idle
+  keep-alive connections keep uvicorn's own timeout (gunicorn `keepalive`).
+- Open connections are bounded (MAX_CONNECTIONS): one more is answered 503 at once and closed,
+  without reading it; an answer tells a client or a load balancer why, where a bare close
+  looks like a network fault.
+- What llhttp accepts and RFC 9112 or h11 (the parser used before) refuse: no Host or two in
+  HTTP/1.1 (§3.2), Transfer-Encoding in HTTP/1.0 (§6.1), a transfer coding besides chunked
+  (501). llhttp itself refuses Content-Length with Transfer-Encoding, a malformed or repeated
+  Content-Length, control bytes in header values, obs-fold, bare CR or LF (tests/test_edge.py).
+
+Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
+once per second per reason (`service.refusals`). A refusal waits for the answers already under
+way on its connection (pipelining), then closes it after a short linger (below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from asyncio import TimerHandle
+from typing import Any, ClassVar, cast
+
+import httptools
+import structlog
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_remote_addr
+from uvicorn.server import ServerState
+
+from service.framing import Framer, Step
+from service.refusals import Refusal, answer, record
+from service.settings import Settings, load_settings
+
+log = structlog.get_logger("service.edge")
+
+# After a refusal the answer is followed by a FIN, and what the client still sends (the rest
+# of an oversize head, an upload) is read and dropped for this long: closing with unread input
+# makes the kernel reset the connection, which can destroy the answer before it is read
+# (nginx's "lingering close"). The client's own close ends it sooner.
+_LINGER_S = 2.0
+
+
+@functools.cache
+def _env_settings() -> Settings:
+    return load_settings()
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """`http=` for uvicorn. Limits come from `settings` (`with_settings`), else the environment."""
+
+    settings: ClassVar[Settings | None] = None
+
+    @classmethod
+    def with_settings(cls, settings: Settings) -> type[EdgeProtocol]:
+        return cast("type[EdgeProtocol]", type(cls.__name__, (cls,), {"settings": settings}))
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        settings = self.settings or _env_settings()
+        self._max_connections = settings.max_connections
+        self._head_timeout_s = settings.request_head_timeout_s
+        self._framer = Framer(settings.max_request_head_bytes)
+        self._head_timer: TimerHandle | None = None
+        self._head_since: float | None = None  # when the head in progress began (loop time)
+        self._refusal: Refusal | None = None  # set: nothing more is parsed
+        self._pending: Refusal | None = None  # to answer once earlier answers are sent
+        self._body = (0, False)  # the current request's Content-Length, chunked
+        self._head_ended = self._message_ended = False  # llhttp's view, per fed part
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self._max_connections:
+            self.transport = transport
+            self.client = get_remote_addr(transport)
+            self._refusal = Refusal(503, "connection_limit", "too many open connections")
+            record(self._refusal, self.client)
+            transport.write(answer(self._refusal, self.server_state.default_headers))
+            transport.close()  # no linger: this connection must not hold its descriptor
+            return
+        super().connection_made(transport)
+        self._head_began()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        start, size = 0, len(data)
+        while start < size and self._refusal is None and not self._framer.closed:
+            if self._head_since is None and self._framer.idle:
+                self._head_began()  # the next request's first byte starts its deadline
+            in_head = self._framer.in_head
+            end, step = self._framer.take(data, start)
+            if step is Step.TOO_LARGE:
+                limit = self._framer.limit
+                part = "request head" if in_head else "chunk size line or trailer section"
+                message = f"{part} over {limit} bytes (MAX_REQUEST_HEAD_BYTES)"
+                self._refuse(Refusal(431, "head_too_large", message), in_head)
+                return
+            if step is Step.MALFORMED:
+                self._refuse(Refusal(400, "bad_request", "invalid chunk size"), in_head)
+                return
+            self._head_ended = self._message_ended = False
+            piece = data if end - start == size else memoryview(data)[start:end]
+            if not self._feed(piece, in_head):
+                return
+            start, ended_head = end, step is Step.HEAD_END
+            if ended_head and self._head_ended:
+                step = self._framer.start_body(*self._body)
+            if (self._head_ended, self._message_ended) != (ended_head, step is Step.MESSAGE_END):
+                log.error("framing_disagreement", step=step.name, llhttp_ended=self._message_ended)
+                self._refuse(Refusal(400, "bad_request", "unclear request framing"), in_head)
+                return
+            if step is Step.MESSAGE_END and not self.cycle.keep_alive:
+                self._framer.close()  # llhttp ignores what follows; uvicorn closes after
+
+    def _feed(self, part: bytes | memoryview, in_head: bool) -> bool:
+        try:
+            self.parser.feed_data(part)
+        except httptools.HttpParserUpgrade:
+            self._framer.close()
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:  # answered as plain HTTP (uvicorn's way), then closed: what follows is unclear
+                self._unsupported_upgrade_warning()
+                if self.cycle is not None:
+                    self.cycle.keep_alive = False
+            return False
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__
+            if not isinstance(cause, Refusal):
+                if isinstance(cause, Exception):  # a callback failed: a bug, not the client
+                    log.error("http_callback_error", exc_info=cause)
+                cause = Refusal(400, "bad_request", f"invalid HTTP request: {exc}")
+            self._refuse(cause, in_head)
+            return False
+        return True
+
+    # llhttp callbacks
+    def on_headers_complete(self) -> None:
+        self._head_since = None
+        self._head_ended = True
+        length, coding, hosts = 0, None, 0
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = int(value)  # llhttp checked it: digits (and OWS), one header
+            elif name == b"transfer-encoding":
+                coding = value.strip(b" \t").lower()
+            elif name == b"host":
+                hosts += 1
+        if hosts != 1 or coding is not None:  # (most requests skip the version check)
+            self._check_framing_headers(hosts, coding)
+        self._body = (length, coding is not None)
+        super().on_headers_complete()
+
+    def _check_framing_headers(self, hosts: int, coding: bytes | None) -> None:
+        version = self.parser.get_http_version()
+        if hosts > 1 or (hosts == 0 and version == "1.1"):
+            raise Refusal(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header")
+        if coding is not None and version == "1.0":
+            raise Refusal(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request")
+        if coding is not None and coding != b"chunked":  # llhttp: chunked is the last one
+            raise Refusal(501, "bad_request", "only Transfer-Encoding: chunked is supported")
+
+    def on_message_complete(self) -> None:
+        self._message_ended = True
+        super().on_message_complete()
+
+    # Refusals
+    def _refuse(self, refusal: Refusal, in_head: bool) -> None:
+        self._refusal = refusal
+        self._framer.close()
+        self._stop_head_timer()
+        record(refusal, self.client)
+        if not in_head:  # the body of the last request parsed: answer it in its place
+            cycle = self.cycle
+            if self.pipeline or cycle.response_started:
+                self.transport.close()  # an answer is already under way: no second one
+                return
+            cycle.disconnected = True  # the app stops waiting for the rest of the body
+            cycle.message_event.set()
+        elif self._busy():  # pipelined: the earlier requests are answered first
+            self._pending = refusal
+            self.flow.pause_reading()
+            return
+        self._answer(refusal)
+
+    def _busy(self) -> bool:
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        pending = self._pending
+        if pending is not None and not self._busy() and not self.transport.is_closing():
+            self._pending = None
+            self._answer(pending)
+
+    def _answer(self, refusal: Refusal) -> None:
+        self.transport.write(answer(refusal, self.server_state.default_headers))
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.flow.resume_reading()  # drop what arrives (data_received), until EOF or the linger
+        self.loop.call_later(_LINGER_S, self.transport.close)
+
+    # The head deadline: one timer per connection, moved on lazily, so that a request costs a
+    # clock read rather than a timer of its own (call_later + cancel cost more than the rest).
+    def _head_began(self) -> None:
+        self._head_since = self.loop.time()
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self._head_timeout_s, self._check_head)
+
+    def _stop_head_timer(self) -> None:
+        self._head_since = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _check_head(self) -> None:
+        self._head_timer = None
+        since = self._head_since
+        if since is None or self.transport.is_closing():
+            return  # no head in progress: the next one arms a new timer
+        if self.flow.read_paused:  # uvicorn holds the input back (pipelining): not the client
+            self._head_began()
+            return
+        if (left := since + self._head_timeout_s - self.loop.time()) > 0:  # a later head
+            self._head_timer = self.loop.call_later(left, self._check_head)
+            return
+        message = f"request head not received within {self._head_timeout_s:g} s"
+        self._refuse(Refusal(408, "head_timeout", message), in_head=True)
