@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import app_client
 from models import build_sentence_model
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling
@@ -131,6 +132,24 @@ def test_equals_sentence_transformers(case: str, sentence_models: dict[str, Path
         got = ours.embed(TEXTS, prompt_name)
         assert got.shape == (len(TEXTS), ours.config.dimension) == expected.shape
         assert max_diff(got, expected) < TOLERANCE, (case, prompt_name)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_server_answers_what_sentence_transformers_encodes(
+    case: str, sentence_models: dict[str, Path]
+) -> None:
+    """Through the app (the engine's own tokenization, padded batch and pooling), for every
+    pooling mode and layout above, with each prompt: equal to `encode` within 1e-4."""
+    st = reference(sentence_models[case])
+    with app_client(sentence_models[case], max_batch_wait_ms=20) as client:
+        for prompt_name in (None, "query", "passage"):
+            body: dict[str, Any] = {"inputs": TEXTS, "truncate": True}  # ST cuts silently
+            if prompt_name is not None:
+                body["prompt_name"] = prompt_name
+            r = client.post("/", json=body)
+            assert r.status_code == 200, r.text
+            expected = st.encode(TEXTS, prompt_name=prompt_name)
+            assert max_diff(torch.tensor(r.json()), expected) < TOLERANCE, (case, prompt_name)
 
 
 def test_embedded_model_equals_sentence_transformers(

@@ -183,7 +183,9 @@ def embedding_params(
         "truncate": default_truncate if truncate is None else truncate,
         "direction": direction or "right",
         "prompt_name": info.default_prompt_name if prompt_name is None else prompt_name,
-        "normalize": True if normalize is None else normalize,
+        # Unset: as the model's own pipeline does (its Normalize module), which is what
+        # SentenceTransformer.encode answers; True for POOLING on plain models (TEI's default).
+        "normalize": info.normalize if normalize is None else normalize,
         "dimensions": dimensions,
     }
 
