@@ -30,7 +30,9 @@ from service import metrics
 from service.errors import Overloaded, Unavailable
 from service.runtime import Runtime, arrival
 
-_MAX_TRACKED = 100_000  # connections remembered at once (each one small tuple and a float)
+# Connections shed lately are remembered until their Retry-After passes; the expired ones are
+# dropped at most this often, so the map holds about the connections of the last seconds.
+_PURGE_EVERY_S = 5.0
 
 
 class ShedGate:
@@ -43,6 +45,7 @@ class ShedGate:
         self.tarpit = runtime.settings.shed_tarpit
         self._key = runtime.settings.api_key
         self._retry_at: dict[object, float] = {}  # client (host, port) -> monotonic seconds
+        self._purge_at = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
@@ -94,8 +97,9 @@ class ShedGate:
         if client is None:
             return
         now = time.monotonic()
-        if len(self._retry_at) >= _MAX_TRACKED:  # forget the connections whose time passed
+        if now >= self._purge_at:  # forget the connections whose Retry-After has passed
             self._retry_at = {c: t for c, t in self._retry_at.items() if t > now}
+            self._purge_at = now + _PURGE_EVERY_S
         self._retry_at[client] = now + retry_after_s
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
