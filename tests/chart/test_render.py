@@ -168,6 +168,7 @@ def test_every_setting_is_reachable_from_values() -> None:
         None,
         "model.task=fill-mask",
         "model.revision=main",
+        "model.pooling=mean",
         "server.dtype=float32",
         "server.maxBatchTokens=4096",
         "apiKey.value=k",
