@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from service.schemas import Dimensions, PromptName
+
 Hashable = tuple[tuple[str, Any], ...]
 SUPPORTED_TASKS = (
     "feature-extraction",
@@ -35,13 +37,13 @@ class FeatureExtractionParams(Params):
 
     truncate: bool | None = None
     normalize: bool | None = None
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
     truncation_direction: Literal["left", "right"] | None = None
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: Dimensions | None = None
 
 
 class SentenceSimilarityParams(Params):
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
 
 
 class FillMaskParams(Params):

@@ -10,10 +10,10 @@ pydantic's errors become one message that names the offending path (`inputs[1]`,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError, ValidationInfo
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo
 from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 
@@ -23,6 +23,26 @@ _RAW_TYPES = {"text/plain", "application/x-www-form-urlencoded", "application/oc
 _UTF8 = {"utf-8", "utf8", "us-ascii", "ascii"}
 
 M = TypeVar("M", bound=BaseModel)
+
+# -- field types shared by the request models --------------------------------------------------
+# The `x-*` keys mark where the OpenAPI document (`service.openapi`) fills in this deployment's
+# values: MAX_CLIENT_BATCH_SIZE, the model's prompts, embedding width and vocabulary.
+MAX_INPUTS = "x-max-inputs"  # an input list: maxItems = MAX_CLIENT_BATCH_SIZE - its value
+PROMPT_NAME = "x-prompt-name"  # enum: the model's prompt names
+DIMENSIONS = "x-dimensions"  # maximum: the model's embedding width
+TOKEN_ID = "x-token-id"  # maximum: the model's vocabulary size - 1
+
+#: Text with something in it (empty and whitespace-only inputs are 422; the validators name them).
+NonBlank = Annotated[str, Field(pattern=r"\S")]
+PromptName = Annotated[str, Field(json_schema_extra={PROMPT_NAME: True})]
+Dimensions = Annotated[int, Field(ge=1, json_schema_extra={DIMENSIONS: True})]
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID: True})]
+
+
+def inputs_list(reserved: int = 0) -> Any:
+    """`Field` metadata for a list of inputs (at least one; at most MAX_CLIENT_BATCH_SIZE less
+    `reserved`, e.g. the source sentence of a similarity request)."""
+    return Field(min_length=1, json_schema_extra={MAX_INPUTS: reserved})
 
 
 async def read_body(request: Request, limit: int) -> bytes:
