@@ -30,6 +30,12 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def cross_encoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny sequence classifier with one label (a reranker, to TEI)."""
+    return build("cross-encoder", tmp_path_factory.mktemp("models") / "cross-encoder")
+
+
+@pytest.fixture(scope="session")
 def embedded_model() -> Path:
     return Path(default_model_dir())
 

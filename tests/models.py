@@ -20,6 +20,7 @@ WORDS = (  # noqa: SIM905  (a sentence reads better than a column of words)
 MAX_POSITIONS = 512
 
 TEXT_LABELS = {0: "NEGATIVE", 1: "NEUTRAL", 2: "POSITIVE"}
+CROSS_ENCODER_LABELS = {0: "LABEL_0"}  # one logit: a relevance score (TEI's reranker)
 TOKEN_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
@@ -31,8 +32,8 @@ def vocabulary() -> list[str]:
 
 
 def build(kind: str, folder: Path, seed: int = 0) -> Path:
-    """Write a tiny model of `kind` ("fill-mask", "text-classification",
-    "token-classification") into `folder` and return it."""
+    """Write a tiny model of `kind` ("fill-mask", "text-classification", "cross-encoder": a
+    sequence classifier with one label, "token-classification") into `folder`; return it."""
     import torch
     from transformers import (
         BertConfig,
@@ -45,7 +46,11 @@ def build(kind: str, folder: Path, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     vocab = {token: i for i, token in enumerate(vocabulary())}
     tokenizer = BertTokenizer(vocab=vocab, do_lower_case=True)
-    labels = {"text-classification": TEXT_LABELS, "token-classification": TOKEN_LABELS}.get(kind)
+    labels = {
+        "text-classification": TEXT_LABELS,
+        "cross-encoder": CROSS_ENCODER_LABELS,
+        "token-classification": TOKEN_LABELS,
+    }.get(kind)
     config = BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -59,6 +64,7 @@ def build(kind: str, folder: Path, seed: int = 0) -> Path:
     model_class = {
         "fill-mask": BertForMaskedLM,
         "text-classification": BertForSequenceClassification,
+        "cross-encoder": BertForSequenceClassification,
         "token-classification": BertForTokenClassification,
     }[kind]
     model_class(config).eval().save_pretrained(folder)
