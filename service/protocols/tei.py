@@ -84,6 +84,9 @@ def _is_ids(value: Any) -> bool:
 
 
 def _is_int(x: Any) -> bool:
+    """An integer, or a JSON number with no fraction (`3.0`: JSON Schema's integer)."""
+    if isinstance(x, float):
+        return x.is_integer()
     return isinstance(x, int) and not isinstance(x, bool)
 
 
