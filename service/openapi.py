@@ -12,6 +12,7 @@ loaded model. `X-Request-Timeout` (a shorter deadline) is described, not listed 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,7 +101,7 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
                 refs[(hf.answer_model(info), "serialization")],
                 errors=root_errors,
                 secured=secured,
-                raw_text=True,
+                raw_text=_raw_text(info),
             )
         }
     }
@@ -135,6 +136,11 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
     return doc
 
 
+def _raw_text(info: ModelInfo) -> dict[str, Any]:
+    """`POST /`'s text/plain body: some text (fill-mask: holding the mask token)."""
+    return _with_pattern(_TEXT, re.escape(info.mask_token)) if info.mask_token else _TEXT
+
+
 def _one_of(refs: list[dict[str, Any]]) -> dict[str, Any]:
     return refs[0] if len(refs) == 1 else {"oneOf": refs}
 
@@ -148,7 +154,7 @@ def _operation(
     errors: Sequence[int],
     secured: bool,
     openai: bool = False,
-    raw_text: bool = False,
+    raw_text: dict[str, Any] | None = None,
     media: str = "application/json",
 ) -> dict[str, Any]:
     op: dict[str, Any] = {
@@ -166,7 +172,7 @@ def _operation(
     if request is not None:
         content: dict[str, Any] = {"application/json": {"schema": request}}
         if raw_text:
-            content["text/plain"] = {"schema": _TEXT}
+            content["text/plain"] = {"schema": raw_text}
         op["requestBody"] = {"required": True, "content": content}
     if secured:
         op["security"] = [{"bearer": []}]
@@ -252,7 +258,26 @@ def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -
             node["maximum"] = info.vocab_size - 1
         return node
 
-    return {name: walk(schema) for name, schema in schemas_.items()}
+    out = {name: walk(schema) for name, schema in schemas_.items()}
+    if info.mask_token:  # fill-mask: every input holds the mask token
+        for schema in out.values():
+            if "inputs" in schema.get("properties", {}):
+                schema["properties"]["inputs"] = _with_pattern(
+                    schema["properties"]["inputs"], re.escape(info.mask_token)
+                )
+    return out
+
+
+def _with_pattern(node: Any, pattern: str) -> Any:
+    """`node` with each text's pattern (`\\S`) replaced by `pattern`."""
+    if isinstance(node, list):
+        return [_with_pattern(x, pattern) for x in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _with_pattern(v, pattern) for k, v in node.items()}
+    if node.get("pattern") == _TEXT["pattern"]:
+        node["pattern"] = pattern
+    return node
 
 
 def _version() -> str:
