@@ -349,3 +349,17 @@ def test_deadline_header(embedded_client: TestClient) -> None:
         assert int(r.headers["retry-after"]) >= 1
     r = embedded_client.post("/embed", json={"inputs": "x"}, headers={"X-Request-Timeout": "soon"})
     assert r.status_code == 400
+
+
+def test_openapi_lists_what_each_model_serves(
+    embedded_client: TestClient, classifier_client: TestClient, cross_encoder_client: TestClient
+) -> None:
+    def posts(client: TestClient) -> set[str]:
+        doc = client.get("/openapi.json").json()
+        return {path for path, item in doc["paths"].items() if "post" in item}
+
+    assert posts(embedded_client) == {
+        "/", "/embed", "/embed_all", "/similarity", "/tokenize", "/decode", "/v1/embeddings"
+    }  # fmt: skip
+    assert posts(classifier_client) == {"/", "/predict", "/tokenize", "/decode"}  # 3 labels
+    assert posts(cross_encoder_client) == {"/", "/predict", "/rerank", "/tokenize", "/decode"}
