@@ -358,24 +358,24 @@ def _pair_params(truncate: bool | None, direction: str | None, s: Settings) -> d
 
 def scores(logits: Any, raw: bool) -> np.ndarray:
     """TEI's scores (`Infer::predict`): the logits with `raw_scores`, else their softmax over
-    the labels, or the sigmoid of the one logit of a single-label model. Raises 500 for NaN
-    (TEI's "score is NaN")."""
+    the labels, or the sigmoid of the one logit of a single-label model; float32, as TEI's
+    (computed in float64). Raises 500 for NaN (TEI's "score is NaN")."""
     x = np.asarray(logits, dtype=np.float64).reshape(-1)
     if np.isnan(x).any():
         raise InferenceFailed("the model's score for this input is not a number (NaN)")
-    if raw:
-        return x
-    if x.size == 1:
-        return np.asarray(1.0 / (1.0 + np.exp(-x)))
-    e = np.exp(x - x.max())
-    return np.asarray(e / e.sum())
+    if not raw and x.size == 1:
+        x = 1.0 / (1.0 + np.exp(-x))
+    elif not raw:
+        e = np.exp(x - x.max())
+        x = e / e.sum()
+    return x.astype(np.float32)
 
 
 def predictions(logits: Any, labels: Sequence[str], raw: bool) -> list[dict[str, Any]]:
     """Every label's score, highest first (ties: in label order)."""
     values = scores(logits, raw)
     order = sorted(range(values.size), key=lambda i: (-values[i], i))
-    return [{"score": float(values[i]), "label": labels[i]} for i in order]
+    return [{"score": values[i], "label": labels[i]} for i in order]
 
 
 def reranker(info: ModelInfo) -> None:
@@ -396,7 +396,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     raw, with_text = bool(r.raw_scores), bool(r.return_text)
 
     def finish(logits: list[Any]) -> Any:
-        values = [float(scores(x, raw)[0]) for x in logits]
+        values = [scores(x, raw)[0] for x in logits]
         order = sorted(range(len(values)), key=lambda i: (-values[i], i))
         ranks = []
         for i in order:
