@@ -270,9 +270,10 @@ def test_classifiers_refuse_embedding_routes(
     for client in (classifier_client, cross_encoder_client):
         message = error(client, path, body, 424)
         assert "text-classification" in message
-    r = classifier_client.post("/v1/embeddings", json={"input": "x"})
-    assert r.status_code == 424
-    assert "text-classification" in r.json()["error"]["message"]
+    for client in (classifier_client, cross_encoder_client):
+        r = client.post("/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 424
+        assert "text-classification" in r.json()["error"]["message"]
 
 
 def test_rerank_needs_one_label(classifier_client: TestClient) -> None:
