@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
 from service.batcher import Batcher
-from service.errors import MethodNotAllowed, NotFound, ServiceError
+from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
 from service.loading import load_engine
 from service.log import configure_logging, event_line
 from service.protocols.serving import json_response
@@ -64,18 +64,14 @@ class RequestContext:
         except Exception as exc:  # a bug: log it in full, tell the client nothing internal
             log.error("unhandled_error", request_id=request_id, exc_info=exc)
             if not started_response:
-                await self._internal_error(request_id, send_with_id)
+                await self._internal_error(scope["path"], request_id, send_with_id)
         finally:
             self._record(scope, request_id, status, time.perf_counter() - started)
 
     @staticmethod
-    async def _internal_error(request_id: str, send: Send) -> None:
-        body = {
-            "error": "internal error; see the server log",
-            "error_type": "internal_error",
-            "request_id": request_id,
-        }
-        response = json_response(body, 500)
+    async def _internal_error(path: str, request_id: str, send: Send) -> None:
+        error = ServiceError("internal error; see the server log")  # status 500, internal_error
+        response = json_response(error_content(path, error, request_id), 500)
         await response({"type": "http"}, _no_receive, send)
 
     @staticmethod
@@ -99,12 +95,9 @@ class RequestContext:
 
 
 def _error_body(request: Request, exc: ServiceError) -> Response:
-    body = {
-        "error": exc.message,
-        "error_type": exc.error_type,
-        "request_id": request.scope.get("state", {}).get("request_id", ""),
-    }
-    return json_response(body, exc.status, exc.headers)
+    request_id = request.scope.get("state", {}).get("request_id", "")
+    content = error_content(request.scope["path"], exc, request_id)
+    return json_response(content, exc.status, exc.headers)
 
 
 async def _on_service_error(request: Request, exc: Exception) -> Response:

@@ -11,12 +11,12 @@ else 422 naming the limit), `direction` ("right"/"left": which end truncation cu
 `strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
 sentence-transformers `prompts`), `normalize` (bool), `dimensions` (int: keep the first N, then
 normalize), `function_to_apply` and `top_k` (classify), `add_special_tokens` (tokenize),
-`skip_special_tokens` (decode).
+`skip_special_tokens` (decode), `count_tokens` (answer `jobs.Counted`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from service import pooling
 from service.errors import InvalidInput
-from service.jobs import Op, Unit
+from service.jobs import Counted, Op, Unit
 from service.model import ModelInfo, Prepared
 
 if TYPE_CHECKING:
@@ -130,28 +130,32 @@ class EncoderEngine:
         return self._prompt_tokens[name]
 
     def _tokens(self, unit: Unit) -> list[dict[str, Any]]:
-        """TEI's /tokenize answer for one input: each token's id, text, special flag and its
-        character span in the input (null for special tokens)."""
+        """TEI's /tokenize answer for one input (its `into_tokens`): each token's id, its text,
+        whether the tokenizer added it (the special-tokens mask: [CLS], [SEP]; an [UNK] from the
+        text is not special) and its span as UTF-8 byte offsets into the input with its prompt
+        (TEI reports the Rust tokenizer's byte offsets); a special token has its own text and
+        no span."""
         text = self._text(unit)
-        special_ids = set(self.tok.all_special_ids)
         enc = self.tok(
             text,
             add_special_tokens=bool(unit.params.get("add_special_tokens", True)),
             return_offsets_mapping=True,
+            return_special_tokens_mask=True,
         )
-        pieces = self.tok.convert_ids_to_tokens(enc["input_ids"])
+        ids = enc["input_ids"]
+        pieces = self.tok.convert_ids_to_tokens(ids)
+        to_byte = _byte_offsets(text)
         out = []
-        for token_id, piece, (start, stop) in zip(
-            enc["input_ids"], pieces, enc["offset_mapping"], strict=True
+        for token_id, piece, (start, stop), special in zip(
+            ids, pieces, enc["offset_mapping"], enc["special_tokens_mask"], strict=True
         ):
-            special = token_id in special_ids
             out.append(
                 {
                     "id": int(token_id),
                     "text": piece if special else text[start:stop],
-                    "special": special,
-                    "start": None if special else int(start),
-                    "stop": None if special else int(stop),
+                    "special": bool(special),
+                    "start": None if special else to_byte(start),
+                    "stop": None if special else to_byte(stop),
                 }
             )
         return out
@@ -190,7 +194,7 @@ class EncoderEngine:
             if p.unit.op is Op.ROWS:
                 n = int(lengths[i])
                 answers[i] = rows[i, width - n :] if self.left else rows[i, :n]
-        return answers
+        return _with_counts(batch, answers)
 
     def _pad(self, encoded: list[Encoded], lengths: np.ndarray) -> dict[str, Any]:
         import torch
@@ -247,6 +251,22 @@ class EncoderEngine:
             top_k=unit.params.get("top_k"),
             _legacy=False,
         )
+
+
+def _byte_offsets(text: str) -> Callable[[int], int]:
+    """A function from a character offset in `text` to its UTF-8 byte offset."""
+    if text.isascii():
+        return int
+    starts = np.cumsum([0, *(len(c.encode("utf-8", "surrogatepass")) for c in text)])
+    return lambda i: int(starts[i])
+
+
+def _with_counts(batch: list[Prepared], answers: list[Any]) -> list[Any]:
+    """Each answer whose unit asked for `count_tokens` as `Counted(answer, its tokens)`."""
+    return [
+        Counted(a, p.n_tokens) if p.unit.params.get("count_tokens") else a
+        for p, a in zip(batch, answers, strict=True)
+    ]
 
 
 def _check_vocabulary(ids: Sequence[int], vocab: int) -> None:

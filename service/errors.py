@@ -1,13 +1,16 @@
 """Error types with data (status, error_type, headers), and the one place that maps them to HTTP.
 
-Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (README, Errors).
+Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (README, Errors),
+except on the OpenAI routes (`/v1/*`), which answer OpenAI's envelope (`error_content`).
 Messages are for humans and never hold paths, exception text from the model, or stack traces.
 """
 
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
+
+OPENAI_PREFIX = "/v1/"
 
 
 class ServiceError(Exception):
@@ -92,3 +95,19 @@ class InferenceFailed(ServiceError):
     """500: the model failed on this input. Details go to the log, not the client."""
 
     status, error_type = 500, "inference_failed"
+
+
+def error_content(path: str, error: ServiceError, request_id: str) -> dict[str, Any]:
+    """The error body for a request to `path`: ours, or on `/v1/*` OpenAI's envelope
+    `{"error": {"message", "type", "param", "code"}}` (the openai SDK reads `error.message`;
+    `code` is the HTTP status, as vLLM and TEI answer; the request id stays in `X-Request-ID`)."""
+    if path.startswith(OPENAI_PREFIX):
+        return {
+            "error": {
+                "message": error.message,
+                "type": error.error_type,
+                "param": None,
+                "code": error.status,
+            }
+        }
+    return {"error": error.message, "error_type": error.error_type, "request_id": request_id}

@@ -16,6 +16,10 @@ Ops and the answer each unit gets (`service.encoder` / `service.model` compute t
 | `pipeline` | text | the pipeline's own answer (fill-mask, token-classification) |
 | `tokenize` | text | [{id, text, special, start, stop}]: no forward |
 | `decode` | ids | str: no forward |
+
+A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens
+its input took (after truncation, prompt and special tokens included), for usage counts; the
+event loop never tokenizes.
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ class Unit:
     pair: str | None = None
     ids: tuple[int, ...] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """An answer and the number of tokens its input took (units with `count_tokens`)."""
+
+    answer: Any
+    tokens: int
 
 
 def _identity(answers: list[Any]) -> Any:

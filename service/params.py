@@ -2,15 +2,18 @@
 
 Only arguments a client may sensibly choose are accepted (never `batch_size`,
 `num_workers`, `device` or `return_tensors`). Validation is strict: `"5"` and `2.5` are not an
-integer `top_k`. `null` means "the default", as if the key were absent. These models are
-validated as part of the request models (`service.protocols.hf`) and appear in /openapi.json.
+integer `top_k` (`5.0` is, as JSON Schema reads it). `null` means "the default", as if the key
+were absent. These models are validated as part of the request models (`service.protocols.hf`)
+and appear in /openapi.json.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.schemas import INTEGRAL, Dimensions, NonBlank, PromptName
 
 Hashable = tuple[tuple[str, Any], ...]
 SUPPORTED_TASKS = (
@@ -35,33 +38,34 @@ class FeatureExtractionParams(Params):
 
     truncate: bool | None = None
     normalize: bool | None = None
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
     truncation_direction: Literal["left", "right"] | None = None
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: Dimensions | None = None
 
 
 class SentenceSimilarityParams(Params):
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
 
 
 class FillMaskParams(Params):
     # Values above the vocabulary size are clamped to it by the inference thread.
-    top_k: int | None = Field(None, ge=1)
-    targets: str | list[str] | None = None
+    top_k: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    targets: NonBlank | Annotated[list[NonBlank], Field(min_length=1)] | None = None
 
-    @field_validator("targets")
+    @field_validator("targets", mode="before")
     @classmethod
-    def _targets_not_empty(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if v is not None and (len(v) == 0 or any(not t.strip() for t in v if isinstance(v, list))):
-            raise ValueError("targets must be a non-empty string or a non-empty list of strings")
-        if isinstance(v, str) and not v.strip():
+    def _targets_not_empty(cls, v: Any) -> Any:
+        """Before the type checks, so an empty value gets this message (types come after)."""
+        blank = isinstance(v, str) and not v.strip()
+        blank_item = isinstance(v, list) and any(isinstance(t, str) and not t.strip() for t in v)
+        if blank or v == [] or blank_item:
             raise ValueError("targets must be a non-empty string or a non-empty list of strings")
         return v
 
 
 class TextClassificationParams(Params):
     # None: every label, highest score first (what the hosted API and InferenceClient show).
-    top_k: int | None = Field(None, ge=1)
+    top_k: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     function_to_apply: Literal["sigmoid", "softmax", "none"] | None = None
 
 

@@ -1,4 +1,5 @@
-"""The route table: each protocol's endpoints, the probes, /metrics and /info. Nothing more."""
+"""The route table: each protocol's endpoints, the probes, /metrics, /info and /openapi.json.
+Nothing more."""
 
 from __future__ import annotations
 
@@ -10,15 +11,35 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.protocols import hf
-from service.protocols.serving import json_response, require_api_key, runtime_of, serve
+from service import openapi
+from service.protocols import hf, openai, tei
+from service.protocols.serving import Endpoint, json_response, require_api_key, runtime_of, serve
 
+#: The TEI and OpenAI routes that submit model work (POST), in the document's order.
+ENDPOINTS: tuple[Endpoint, ...] = (*tei.ENDPOINTS, *openai.ENDPOINTS)
 #: Routes that submit model work: admission sheds them before the body is read (`service.shed`).
-INFERENCE_PATHS = frozenset({"/"})
+INFERENCE_PATHS = frozenset({"/", *(e.path for e in ENDPOINTS)})
 
 
 async def infer(request: Request) -> Response:
     return await serve(request, hf.parse)
+
+
+def _route(endpoint: Endpoint) -> Route:
+    parse = endpoint.adapter()
+
+    async def route(request: Request) -> Response:
+        return await serve(request, parse)
+
+    return Route(endpoint.path, route, methods=["POST"], name=endpoint.path)
+
+
+async def openapi_json(request: Request) -> Response:
+    """The OpenAPI document of this deployment's routes; 503 while the model loads (the routes
+    depend on its task). Public, like /metrics: it names the task, not the model."""
+    runtime = runtime_of(request)
+    body = openapi.document_bytes(runtime.model_info(), runtime.settings, ENDPOINTS)
+    return Response(body, media_type="application/json")
 
 
 async def readyz(request: Request) -> Response:
@@ -86,4 +107,7 @@ ROUTES = [
     Route("/livez", livez, methods=["GET"]),
     Route("/metrics", metrics_endpoint, methods=["GET"]),
     Route("/info", info, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
+    *(_route(e) for e in ENDPOINTS),
+    Route("/v1/models", openai.models, methods=["GET"]),
 ]

@@ -10,10 +10,10 @@ pydantic's errors become one message that names the offending path (`inputs[1]`,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError, ValidationInfo
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo
 from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 
@@ -23,6 +23,38 @@ _RAW_TYPES = {"text/plain", "application/x-www-form-urlencoded", "application/oc
 _UTF8 = {"utf-8", "utf8", "us-ascii", "ascii"}
 
 M = TypeVar("M", bound=BaseModel)
+
+# -- field types shared by the request models --------------------------------------------------
+# The `x-*` keys mark where the OpenAPI document (`service.openapi`) fills in this deployment's
+# values: MAX_CLIENT_BATCH_SIZE, the model's prompts, embedding width and vocabulary.
+MAX_INPUTS = "x-max-inputs"  # an input list: maxItems = MAX_CLIENT_BATCH_SIZE - its value
+PROMPT_NAME = "x-prompt-name"  # enum: the model's prompt names
+DIMENSIONS = "x-dimensions"  # maximum: the model's embedding width
+TOKEN_ID = "x-token-id"  # maximum: the model's vocabulary size - 1
+
+
+def _integral(value: Any) -> Any:
+    """A JSON number with no fraction (`3.0`) is the integer it writes (JSON Schema's
+    `integer`); anything else is left to the strict check."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: Metadata for an integer as JSON Schema reads one: `3` or `3.0` (never `"3"`, `true` or
+#: `3.5`). Put it after any `Field` constraints, so they stay JSON Schema (`minimum`).
+INTEGRAL = BeforeValidator(_integral)
+#: Text with something in it (empty and whitespace-only inputs are 422; the validators name them).
+NonBlank = Annotated[str, Field(pattern=r"\S")]
+PromptName = Annotated[str, Field(json_schema_extra={PROMPT_NAME: True})]
+Dimensions = Annotated[int, Field(ge=1, json_schema_extra={DIMENSIONS: True}), INTEGRAL]
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID: True}), INTEGRAL]
+
+
+def inputs_list(reserved: int = 0) -> Any:
+    """`Field` metadata for a list of inputs (at least one; at most MAX_CLIENT_BATCH_SIZE less
+    `reserved`, e.g. the source sentence of a similarity request)."""
+    return Field(min_length=1, json_schema_extra={MAX_INPUTS: reserved})
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -116,10 +148,13 @@ def _message(model: type[BaseModel], exc: ValidationError, what: str) -> str:
 
 
 def _clean(loc: Sequence[int | str]) -> list[int | str]:
-    """Drop pydantic's union-member tags (`str`, `list[str]`, `TextPair`) from a location."""
-    return [
-        p for p in loc if not (isinstance(p, str) and ("[" in p or p[:1].isupper() or p == "str"))
-    ]
+    """Drop pydantic's union-member tags (`str`, `constrained-str`, `list[str]`, `TextPair`)
+    from a location."""
+    return [p for p in loc if not (isinstance(p, str) and _is_tag(p))]
+
+
+def _is_tag(part: str) -> bool:
+    return "[" in part or part[:1].isupper() or part in ("str", "int") or "-" in part
 
 
 def _path(loc: Sequence[int | str]) -> str:

@@ -27,7 +27,7 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import metrics
-from service.errors import Overloaded, Unavailable
+from service.errors import Overloaded, Unavailable, error_content
 from service.runtime import Runtime, arrival
 
 # Connections shed lately are remembered until their Retry-After passes; the expired ones are
@@ -78,13 +78,7 @@ class ShedGate:
         retry_after = error.headers["Retry-After"]
         if self.tarpit and isinstance(error, Overloaded):
             self._remember(scope.get("client"), float(retry_after))
-        body = orjson.dumps(
-            {
-                "error": error.message,
-                "error_type": error.error_type,
-                "request_id": scope["state"]["request_id"],
-            }
-        )
+        body = orjson.dumps(error_content(scope["path"], error, scope["state"]["request_id"]))
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

@@ -24,7 +24,6 @@ TASKS = (
     "text-classification",
     "token-classification",
     "zero-shot-classification",
-    "rerank",
 )
 
 
@@ -33,6 +32,12 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One tiny BERT model folder per task (built once per test session)."""
     root = tmp_path_factory.mktemp("models")
     return {task: build(task, root / task) for task in TASKS}
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny sequence classifier with one label (a reranker, to TEI)."""
+    return build("cross-encoder", tmp_path_factory.mktemp("models") / "cross-encoder")
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ MAX_POSITIONS = 512
 
 TEXT_LABELS = {0: "NEGATIVE", 1: "NEUTRAL", 2: "POSITIVE"}
 NLI_LABELS = {0: "contradiction", 1: "neutral", 2: "entailment"}  # entailment not at 0
-RERANK_LABELS = {0: "LABEL_0"}  # a cross-encoder: one relevance logit
+CROSS_ENCODER_LABELS = {0: "LABEL_0"}  # one logit: a relevance score (TEI's reranker)
 TOKEN_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
@@ -34,8 +34,8 @@ def vocabulary() -> list[str]:
 
 def build(kind: str, folder: Path, seed: int = 0) -> Path:
     """Write a tiny model of `kind` ("fill-mask", "text-classification",
-    "token-classification", "zero-shot-classification": an NLI classifier, "rerank": a
-    one-label cross-encoder) into `folder` and return it."""
+    "token-classification", "zero-shot-classification": an NLI classifier, "cross-encoder": a
+    sequence classifier with one label) into `folder` and return it."""
     import torch
     from transformers import (
         BertConfig,
@@ -52,7 +52,7 @@ def build(kind: str, folder: Path, seed: int = 0) -> Path:
         "text-classification": TEXT_LABELS,
         "token-classification": TOKEN_LABELS,
         "zero-shot-classification": NLI_LABELS,
-        "rerank": RERANK_LABELS,
+        "cross-encoder": CROSS_ENCODER_LABELS,
     }.get(kind)
     config = BertConfig(
         vocab_size=len(tokenizer),
@@ -67,9 +67,9 @@ def build(kind: str, folder: Path, seed: int = 0) -> Path:
     model_class = {
         "fill-mask": BertForMaskedLM,
         "text-classification": BertForSequenceClassification,
+        "cross-encoder": BertForSequenceClassification,
         "token-classification": BertForTokenClassification,
         "zero-shot-classification": BertForSequenceClassification,
-        "rerank": BertForSequenceClassification,
     }[kind]
     model_class(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, RootModel
 
 from service.errors import InvalidInput
 from service.jobs import Job, Op, Unit
@@ -34,7 +34,18 @@ from service.params import (
     pipeline_params,
 )
 from service.protocols.serving import require
-from service.schemas import RawText, check_list, decode, invalid, texts, validate
+from service.schemas import (
+    Dimensions,
+    NonBlank,
+    PromptName,
+    RawText,
+    check_list,
+    decode,
+    inputs_list,
+    invalid,
+    texts,
+    validate,
+)
 from service.settings import Settings
 
 
@@ -51,16 +62,18 @@ class _Request(BaseModel):
     options: Options | None = None
 
 
-Texts = Annotated[str | list[str], BeforeValidator(texts("inputs"))]
+Texts = Annotated[
+    NonBlank | Annotated[list[NonBlank], inputs_list()], BeforeValidator(texts("inputs"))
+]
 
 
 class FeatureExtractionRequest(_Request):
     inputs: Texts
     normalize: bool | None = None
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
     truncate: bool | None = None
     truncation_direction: Literal["left", "right"] | None = None
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: Dimensions | None = None
     encoding_format: Literal["float"] | None = None
     parameters: FeatureExtractionParams | None = None
 
@@ -73,8 +86,10 @@ def _sentences(value: Any, info: Any) -> Any:
 
 class SimilarityInputs(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-    source_sentence: Annotated[str, BeforeValidator(texts("inputs.source_sentence"))]
-    sentences: Annotated[list[str], BeforeValidator(texts("inputs.sentences"))]
+    source_sentence: Annotated[NonBlank, BeforeValidator(texts("inputs.source_sentence"))]
+    sentences: Annotated[
+        list[NonBlank], inputs_list(reserved=1), BeforeValidator(texts("inputs.sentences"))
+    ]
 
 
 class SentenceSimilarityRequest(_Request):
@@ -86,13 +101,14 @@ class TextPair(BaseModel):
     """A text pair for a classifier (what the text-classification pipeline takes)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-    text: str
-    text_pair: str | None = None
+    text: NonBlank
+    text_pair: NonBlank | None = None
 
 
 class TextClassificationRequest(_Request):
     inputs: Annotated[
-        str | TextPair | list[str | TextPair], BeforeValidator(texts("inputs", pairs=True))
+        NonBlank | TextPair | Annotated[list[NonBlank | TextPair], inputs_list()],
+        BeforeValidator(texts("inputs", pairs=True)),
     ]
     parameters: TextClassificationParams | None = None
 
@@ -388,6 +404,76 @@ def _check_masks(inputs: list[str], mask: str, is_list: bool) -> None:
             )
 
 
+# -- answers (their JSON schemas go into /openapi.json; the routes build plain JSON) ---------
+class Label(BaseModel):
+    label: str
+    score: float
+
+
+class FillMaskPrediction(BaseModel):
+    score: float
+    token: int
+    token_str: str
+    sequence: str
+
+
+class Entity(BaseModel):
+    """A token-classification entity: `entity` per token, or `entity_group` aggregated."""
+
+    model_config = ConfigDict(extra="allow")
+    score: float
+    word: str
+    start: int | None = None
+    end: int | None = None
+    entity: str | None = None
+    entity_group: str | None = None
+    index: int | None = None
+
+
+class FeatureExtractionAnswer(RootModel[list[list[float]] | list[float]]):
+    """One vector per input (a single input: a list holding one); sentence-similarity: one
+    cosine similarity per sentence."""
+
+
+class TokenRowsAnswer(RootModel[list[list[list[float]]] | list[list[list[list[float]]]]]):
+    """Per input `[1, tokens, hidden]` (a single input: that alone)."""
+
+
+class TextClassificationAnswer(RootModel[list[list[Label]]]):
+    """One list of labels per input, highest first (a single input: a list holding one)."""
+
+
+class ZeroShotAnswer(RootModel[list[Label] | list[list[Label]]]):
+    """The candidate labels, highest first (a list of inputs: one such list each)."""
+
+
+class FillMaskAnswer(RootModel[list[FillMaskPrediction] | list[list[FillMaskPrediction]]]):
+    """The predictions (per mask, and per input for a list)."""
+
+
+class TokenClassificationAnswer(RootModel[list[Entity] | list[list[Entity]]]):
+    """The entities (a list of inputs: one list each)."""
+
+
+def answer_model(info: ModelInfo) -> type[RootModel[Any]]:
+    """The answer of `POST /` for the loaded model."""
+    if info.task == "feature-extraction":
+        return FeatureExtractionAnswer if Op.EMBED in info.ops else TokenRowsAnswer
+    answers: dict[str, type[RootModel[Any]]] = {
+        "text-classification": TextClassificationAnswer,
+        "zero-shot-classification": ZeroShotAnswer,
+        "fill-mask": FillMaskAnswer,
+    }
+    return answers.get(info.task, TokenClassificationAnswer)
+
+
+def request_models(info: ModelInfo) -> list[type[BaseModel]]:
+    """The JSON request models `POST /` accepts for the loaded model."""
+    if info.task == "feature-extraction" and Op.EMBED in info.ops:
+        return [FeatureExtractionRequest, SentenceSimilarityRequest]
+    return [REQUESTS[info.task]]
+
+
 _BUILDERS = {
     "feature-extraction": _feature_extraction,
     "sentence-similarity": _similarity,
@@ -397,4 +483,12 @@ _BUILDERS = {
     "token-classification": _pipeline_task,
 }
 
-__all__ = ["REQUESTS", "cosine_to_first", "embedding_params", "invalid", "parse"]
+__all__ = [
+    "REQUESTS",
+    "answer_model",
+    "cosine_to_first",
+    "embedding_params",
+    "invalid",
+    "parse",
+    "request_models",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,6 +27,43 @@ _JSON = "application/json"
 
 #: A protocol adapter: (body, Content-Type, the loaded model, the settings) -> Job.
 Parse = Callable[[bytes, str | None, ModelInfo, Settings], Job]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    """One protocol route that submits model work: its adapter, the models its request is
+    validated with and its answer is shaped as (the same ones make /openapi.json), and
+    `check(info)`, which raises `WrongTask` (424) when the loaded model cannot serve it.
+
+    `adapter` runs `check` before `parse`, so a client on the wrong route hears which task the
+    model serves before anything about its body; the document lists only the routes whose
+    `check` passes."""
+
+    path: str
+    summary: str
+    parse: Parse
+    check: Callable[[ModelInfo], None]
+    request: type[Any]
+    response: type[Any]
+
+    def serves(self, info: ModelInfo) -> bool:
+        try:
+            self.check(info)
+        except WrongTask:
+            return False
+        return True
+
+    def adapter(self) -> Parse:
+        def parse(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
+            self.check(info)
+            return self.parse(body, content_type, info, s)
+
+        return parse
+
+
+def needs(op: Op, route: str) -> Callable[[ModelInfo], None]:
+    """An `Endpoint.check`: the model computes `op` (else 424 naming its task)."""
+    return lambda info: require(info, op, route)
 
 
 def json_response(

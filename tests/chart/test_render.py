@@ -92,6 +92,7 @@ def test_notes_print_port_forward_and_seed_curl() -> None:
     fullname = f"{RELEASE}-pipeline-server"
     assert f"kubectl --namespace {NAMESPACE} port-forward service/{fullname} 8000:8000" in notes
     assert SEED_CURL in notes
+    assert "/openapi.json" in notes and "/rerank" in notes and "/v1/embeddings" in notes
 
 
 def test_notes_with_api_key_send_it() -> None:

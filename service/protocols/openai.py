@@ -1,0 +1,160 @@
+"""OpenAI's embeddings API: `POST /v1/embeddings` and `GET /v1/models`, as the openai SDK sends
+and reads them.
+
+`input` is a string, a list of strings, a list of token ids (one input) or a list of those
+(token ids are used as given: no special tokens added). Vectors are the model's sentence
+embeddings, always L2-normalized; `dimensions` keeps the first N, then normalizes again (as
+OpenAI's text-embedding-3 models answer). `encoding_format: "base64"` (what the SDK asks for
+when the caller names no format, and decodes itself) is each vector's little-endian float32
+bytes in base64. `model` is accepted and the answer names our served model (`info.model_id`);
+`user` is accepted and ignored. `usage` counts the tokens each input took with this model's
+tokenizer (after truncation), counted in the inference thread. Errors on `/v1/*` use OpenAI's
+envelope (`service.errors.error_content`).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.jobs import Counted, Job, Op
+from service.model import ModelInfo
+from service.protocols import tei
+from service.protocols.hf import embedding_params
+from service.protocols.serving import (
+    Endpoint,
+    json_response,
+    needs,
+    require_api_key,
+    runtime_of,
+)
+from service.schemas import Dimensions, decode, inputs_list, validate
+from service.settings import Settings
+
+#: `created` of the one model in /v1/models: when this process started serving it.
+_CREATED = int(time.time())
+OWNED_BY = "pipeline-server"
+
+
+#: TEI's `Input`, its messages naming `input`.
+Input = Annotated[
+    tei.InputType | Annotated[list[tei.InputType], inputs_list()],
+    BeforeValidator(tei.embed_inputs("input")),
+]
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    input: Input
+    model: str | None = Field(None, description="accepted; the answer names the served model")
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Dimensions | None = None
+    user: str | None = Field(None, description="accepted and ignored")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    embedding: list[float] | str = Field(description="floats, or base64 of float32 LE bytes")
+    index: int = Field(ge=0)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class OpenAIError(BaseModel):
+    message: str
+    type: str = Field(description="our error_type, e.g. invalid_input")
+    param: str | None
+    code: int = Field(description="the HTTP status")
+
+
+class OpenAIErrorResponse(BaseModel):
+    error: OpenAIError
+
+
+def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
+    doc = decode(body, content_type, raw_text=False)
+    r = validate(EmbeddingsRequest, doc, what="/v1/embeddings", max_inputs=s.max_client_batch_size)
+    params = embedding_params(
+        info,
+        truncate=None,
+        direction=None,
+        prompt_name=None,
+        dimensions=r.dimensions,
+        default_truncate=s.truncate,
+    )
+    params["count_tokens"] = True
+    as_base64 = r.encoding_format == "base64"
+
+    def finish(answers: list[Counted]) -> dict[str, Any]:
+        data = [
+            {
+                "object": "embedding",
+                "embedding": _base64(a.answer) if as_base64 else a.answer,
+                "index": i,
+            }
+            for i, a in enumerate(answers)
+        ]
+        tokens = sum(a.tokens for a in answers)
+        return {
+            "object": "list",
+            "data": data,
+            "model": info.model_id,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    return Job(tei.units(Op.EMBED, r.input, params), finish)
+
+
+def _base64(vector: Any) -> str:
+    """Little-endian float32 bytes, base64 (what the SDK's `np.frombuffer(..., "float32")`
+    reads back)."""
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+async def models(request: Request) -> Response:
+    """`GET /v1/models`: the one model this server serves."""
+    require_api_key(request)
+    info = runtime_of(request).model_info()
+    card = {"id": info.model_id, "object": "model", "created": _CREATED, "owned_by": OWNED_BY}
+    return json_response({"object": "list", "data": [card]})
+
+
+ENDPOINTS = (
+    Endpoint(
+        path="/v1/embeddings",
+        summary="Embeddings (OpenAI)",
+        parse=_embeddings,
+        check=needs(Op.EMBED, "/v1/embeddings"),
+        request=EmbeddingsRequest,
+        response=EmbeddingsResponse,
+    ),
+)
