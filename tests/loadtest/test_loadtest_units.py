@@ -225,7 +225,7 @@ def test_paired_ratios_are_medians_of_points_between_their_limits() -> None:
 
 
 def test_batches_alone_reads_the_points_batch_lines(tmp_path: Path) -> None:
-    from loadtest.bench import batches_alone
+    from loadtest.split import batches_alone
 
     def line(ts: str, size: int, tokens: int, padded: int, ms: float) -> str:
         return json.dumps(
