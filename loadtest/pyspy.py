@@ -3,7 +3,8 @@
 ``py-spy record --format raw --threads`` writes one line per distinct stack,
 ``thread (<tid>): <name>;<outermost frame>;...;<innermost frame> <count>``, each frame
 ``function (file:line)``. It runs ``--nonblocking`` (it reads the process's memory without
-stopping it, so stacks can now and then be torn, but the server is not slowed by the pauses).
+stopping it, so stacks can now and then be torn, but the server is not slowed by the pauses),
+except with ``native`` (C frames too), which needs the pauses.
 
 Two kinds of record:
 
@@ -64,8 +65,10 @@ def record_command(
 ) -> list[str]:
     """The py-spy command line for one raw record of ``pid``."""
     cmd = [executable(), "record", "--pid", str(pid), "--format", "raw", "--threads"]
-    cmd += ["--rate", str(rate), "--duration", str(seconds), "--nonblocking", "-o", str(out)]
-    return cmd + (["--gil"] if gil else []) + (["--native"] if native else [])
+    cmd += ["--rate", str(rate), "--duration", str(seconds), "-o", str(out)]
+    # --native (C frames: uvloop, orjson, tokenizers) needs py-spy to pause the process at
+    # every sample; without it, py-spy reads memory while the process runs.
+    return cmd + (["--gil"] if gil else []) + (["--native"] if native else ["--nonblocking"])
 
 
 class Recording:
@@ -93,7 +96,7 @@ class Recording:
             self.proc.communicate()
             raise
         try:
-            if self.proc.returncode != 0:
+            if self.proc.returncode != 0:  # e.g. --native needs blocking mode (ptrace pauses)
                 raise RuntimeError(f"py-spy exited {self.proc.returncode}: {err[-500:]}")
             return parse_raw(self.out.read_text(encoding="utf-8", errors="replace"))
         finally:
@@ -125,20 +128,41 @@ def top(
     number of samples counted (those of ``thread`` not skipped).
 
     Self time (``inclusive=False``) charges each sample to its innermost frame; inclusive time
-    to every function on its stack (once per sample, however deep the recursion).
+    to every function on its stack (once per sample, however deep the recursion), leaving out
+    the functions on every counted stack (the thread's entry: ``Thread.run``, ``Runner.run``).
     """
+    mine = [s for s in stacks if s.thread == thread and s.frames and not skip(s)]
+    total = sum(s.count for s in mine)
     counts: Counter[str] = Counter()
-    total = 0
-    for stack in stacks:
-        if stack.thread != thread or skip(stack) or not stack.frames:
-            continue
-        total += stack.count
+    for stack in mine:
         names = {function(f) for f in stack.frames} if inclusive else {function(stack.frames[-1])}
         for name in names:
             counts[name] += stack.count
+    if inclusive:
+        counts = Counter({name: k for name, k in counts.items() if k < total})
     return [(name, k / total) for name, k in counts.most_common(n)], total
+
+
+def idle(stack: Stack) -> bool:
+    """A sample of a thread waiting for work: the inference thread on its queue's condition,
+    the loop in epoll (``--native`` records keep such samples; plain ones drop them)."""
+    inner = stack.frames[-1] if stack.frames else ""
+    waiting = any(f.startswith(("Condition.wait (", "WorkQueue.take_new (")) for f in stack.frames)
+    return waiting or "epoll" in inner or inner.startswith("uv__io_poll")
+
+
+def gil_wait(stack: Stack) -> bool:
+    """A ``--native`` sample of a thread waiting for the GIL: Python 3.11's ``take_gil`` waits
+    on a condition variable (``pthread_cond_timedwait``); its locks and queues wait on
+    semaphores instead, so this names the GIL and nothing else that runs here."""
+    return any(f.startswith(("pthread_cond_timedwait", "take_gil")) for f in stack.frames)
 
 
 def in_model_forward(stack: Stack) -> bool:
     """A sample inside the torch module call (the model's forward and everything under it)."""
     return any("torch/nn/modules/module.py" in frame for frame in stack.frames)
+
+
+def outside_forward(stack: Stack) -> bool:
+    """Skip for the inference thread's own work: not in the model's forward, not idle."""
+    return in_model_forward(stack) or idle(stack)

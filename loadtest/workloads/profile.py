@@ -12,7 +12,9 @@ Hz, raw) and this prints:
 - the inference thread outside torch's module call (the model's forward): the top 10 likewise,
   and the share of its samples inside the forward.
 
-The raw record is kept as ``results/profile-raw.txt`` (``flamegraph.pl`` draws it).
+The raw records are kept as ``results/profile-{python,native}-raw.txt`` (``flamegraph.pl``
+draws them). ``--profile-native`` adds a record with C frames (uvloop's writes, orjson,
+tokenizers), for which py-spy pauses the server at every sample (slower, so a separate point).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ RATE = 100
 def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--profile-seconds", type=int, help="seconds recorded (default 20, quick 8)")
     p.add_argument("--profile-clients", type=int, default=32, help="wrk connections")
+    p.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="a second record with C frames (py-spy --native: pauses the server per sample)",
+    )
 
 
 def finish_arguments(args: argparse.Namespace, results: Path) -> None:
@@ -41,30 +48,59 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wrk.executable()
     env = common.server_env(args, MODEL_ID=str(models.minilm_classifier()))
     bodies = [common.json_body(t) for t in corpus.short_inputs(500)]
-    seconds = args.profile_seconds
+    out: dict[str, Any] = {"seconds": args.profile_seconds}
     with servers.pipeline_server(env, args.results / f"{NAME}.log") as srv:
         names = common.thread_names(srv)
         wrk.run(srv.base + "/", bodies, 8, 2)  # warm up
-        rec = pyspy.Recording(srv.worker_pid, seconds, rate=RATE)
-        point = common.wrk_point(srv, bodies, args.profile_clients, seconds + 1, names, args)
-        stacks = rec.stacks()
-    raw = args.results / "profile-raw.txt"
+        out["python"] = record(srv, bodies, names, args, native=False)
+        if args.profile_native:
+            out["native"] = record(srv, bodies, names, args, native=True)
+    return out
+
+
+def record(
+    srv: servers.Served,
+    bodies: list[bytes],
+    names: dict[int, str],
+    args: argparse.Namespace,
+    native: bool,
+) -> dict[str, Any]:
+    """One wrk point with py-spy recording over it; the tops (module docstring)."""
+    seconds = args.profile_seconds
+    rec = pyspy.Recording(srv.worker_pid, seconds, rate=RATE, native=native)
+    point = common.wrk_point(srv, bodies, args.profile_clients, seconds + 1, names, args)
+    stacks = rec.stacks()
+    raw = args.results / f"profile-{'native' if native else 'python'}-raw.txt"
     raw.write_text(
         "".join(f"thread ({s.tid}): {s.thread};{';'.join(s.frames)} {s.count}\n" for s in stacks),
         encoding="utf-8",
     )
-    samples = pyspy.per_thread(stacks)
-    loop_self, loop_n = pyspy.top(stacks, "MainThread", 15)
-    loop_incl, _ = pyspy.top(stacks, "MainThread", 15, inclusive=True)
-    inf_self, inf_n = pyspy.top(stacks, "inference", 10, skip=pyspy.in_model_forward)
-    inf_incl, _ = pyspy.top(stacks, "inference", 10, inclusive=True, skip=pyspy.in_model_forward)
+    # A --native record samples every thread whatever it does: keep what ran (not idle, not
+    # waiting for the GIL), and count the GIL waits apart.
+    active = [s for s in stacks if not pyspy.idle(s) and not pyspy.gil_wait(s)]
+    samples = pyspy.per_thread(active)
+    waits = pyspy.per_thread(s for s in stacks if pyspy.gil_wait(s))
+    # Shares of the time: samples / (rate x seconds) without --native, where py-spy keeps up
+    # and drops idle samples; with it, py-spy falls behind (it pauses the process to sample),
+    # so each thread's share is of its own samples.
+    everything = pyspy.per_thread(stacks)
+
+    def share(name: str, counts: dict[str, int]) -> float:
+        return counts.get(name, 0) / max(1, everything.get(name, 0) if native else RATE * seconds)
+
+    loop_self, loop_n = pyspy.top(active, "MainThread", 15)
+    loop_incl, _ = pyspy.top(active, "MainThread", 15, inclusive=True)
+    inf_self, inf_n = pyspy.top(active, "inference", 10, skip=pyspy.outside_forward)
+    inf_incl, _ = pyspy.top(active, "inference", 10, inclusive=True, skip=pyspy.outside_forward)
     return {
         "point": point,
-        "seconds": seconds,
+        "native": native,
+        "raw": str(raw),
         "samples": dict(samples),
-        "loop_core_share": samples.get("MainThread", 0) / (RATE * seconds),
-        "inference_core_share": samples.get("inference", 0) / (RATE * seconds),
+        "loop_core_share": share("MainThread", samples),
+        "inference_core_share": share("inference", samples),
         "inference_outside_forward_share": inf_n / max(1, samples.get("inference", 0)),
+        "gil_wait_share": {name: share(name, waits) for name in waits},
         "loop_self": loop_self,
         "loop_inclusive": loop_incl,
         "inference_self": inf_self,
@@ -84,20 +120,34 @@ def _rows(title: str, entries: list[tuple[str, float]]) -> list[str]:
 
 
 def table(result: dict[str, Any]) -> str:
-    p = result["point"]
-    return "\n".join(
-        [
-            f"Profile: {result['args'].get('profile_clients')} wrk connections, short inputs, "
-            f"text-classification, {p['ok_per_s']:.1f} answers/s; py-spy {RATE} Hz for "
-            f"{result['seconds']} s. The loop ran {result['loop_core_share']:.0%} of a core "
-            f"({result['loop_samples']} samples, {p['loop_ms_per_request']:.2f} ms of CPU per "
-            f"request from /proc); the inference thread {result['inference_core_share']:.0%}, "
-            f"{result['inference_outside_forward_share']:.0%} of its samples outside the "
-            "model's forward.",
-            "",
-            *_rows("loop: self (innermost Python frame)", result["loop_self"]),
-            *_rows("loop: inclusive", result["loop_inclusive"]),
-            *_rows("inference outside forward: self", result["inference_self"]),
-            *_rows("inference outside forward: inclusive", result["inference_inclusive"]),
-        ]
-    )
+    lines: list[str] = []
+    for kind in ("python", "native"):
+        if kind in result:
+            lines += _record_table(result[kind], result["seconds"])
+    return "\n".join(lines)
+
+
+def _record_table(r: dict[str, Any], seconds: int) -> list[str]:
+    p = r["point"]
+    how = "--native, blocking" if r["native"] else "Python frames, --nonblocking"
+    return [
+        f"Profile ({how}): {p['connections']} wrk connections, short inputs, "
+        f"text-classification, {p['ok_per_s']:.1f} answers/s; py-spy {RATE} Hz for {seconds} s. "
+        f"The loop ran {r['loop_core_share']:.0%} of a core ({r['loop_samples']} samples; "
+        f"{p['loop_ms_per_request']:.2f} ms of CPU per request from /proc); the inference "
+        f"thread {r['inference_core_share']:.0%}, {r['inference_outside_forward_share']:.0%} of "
+        "its samples outside the model's forward."
+        + (
+            " Waiting for the GIL (share of the time): "
+            + ", ".join(f"{k} {v:.1%}" for k, v in r["gil_wait_share"].items())
+            if r["native"]
+            else ""
+        )
+        + " Raw: "
+        + r["raw"],
+        "",
+        *_rows("loop: self (innermost frame)", r["loop_self"]),
+        *_rows("loop: inclusive", r["loop_inclusive"]),
+        *_rows("inference outside forward: self", r["inference_self"]),
+        *_rows("inference outside forward: inclusive", r["inference_inclusive"]),
+    ]

@@ -72,7 +72,7 @@ def test_roles_and_syscall_states() -> None:
 
 RAW = """\
 thread (101): MainThread;Runner.run (asyncio/runners.py:118);Protocol.data_received (h11.py:20) 7
-thread (101): MainThread;Runner.run (asyncio/runners.py:118);json_response (service/routes.py:30) 3
+thread (101): MainThread;Runner.run (asyncio/runners.py:118);json_response (routes.py:30) 3
 thread (102): inference;Batcher._run (service/batcher.py:240);Engine.run (model.py:180);\
 Module._call_impl (torch/nn/modules/module.py:1789);Linear.forward (torch/nn/linear.py:134) 20
 thread (102): inference;Batcher._run (service/batcher.py:240);Engine.prepare (model.py:120) 5
@@ -86,10 +86,17 @@ def test_pyspy_raw_parses_and_adds_up() -> None:
     assert pyspy.per_thread(stacks) == {"MainThread": 10, "inference": 25}
     top, n = pyspy.top(stacks, "MainThread", 5)
     assert n == 10 and top[0] == ("Protocol.data_received (h11.py)", 0.7)
-    incl, _ = pyspy.top(stacks, "MainThread", 1, inclusive=True)
-    assert incl == [("Runner.run (asyncio/runners.py)", 1.0)]
-    outside, n = pyspy.top(stacks, "inference", 5, skip=pyspy.in_model_forward)
+    incl, _ = pyspy.top(stacks, "MainThread", 3, inclusive=True)  # Runner.run: on every stack
+    assert incl == [("Protocol.data_received (h11.py)", 0.7), ("json_response (routes.py)", 0.3)]
+    outside, n = pyspy.top(stacks, "inference", 5, skip=pyspy.outside_forward)
     assert n == 5 and outside == [("Engine.prepare (model.py)", 1.0)]
+    waiting = pyspy.parse_raw(
+        "thread (102): inference;Batcher._step (b.py:1);WorkQueue.take_new (q.py:91);"
+        "Condition.wait (threading.py:331);PyThread_acquire_lock_timed (libpython3.11.so) 9\n"
+        "thread (101): MainThread;Runner.run (runners.py:118);uv__io_poll (linux.c:1);"
+        "epoll_wait (libc.so.6) 4"
+    )
+    assert all(pyspy.idle(stack) for stack in waiting) and not any(map(pyspy.idle, stacks))
     assert cpu_split.gil_shares(stacks, seconds=1.0) == {"MainThread": 0.1, "inference": 0.25}
 
 
@@ -97,6 +104,8 @@ def test_pyspy_command_line() -> None:
     cmd = pyspy.record_command(42, 5, Path("/tmp/x.txt"), gil=True)
     assert cmd[1:3] == ["record", "--pid"] and "--gil" in cmd and "--nonblocking" in cmd
     assert cmd[cmd.index("--format") + 1] == "raw"
+    native = pyspy.record_command(42, 5, Path("/tmp/x.txt"), native=True)
+    assert "--native" in native and "--nonblocking" not in native  # py-spy refuses both
 
 
 def test_parse_env() -> None:
