@@ -218,3 +218,49 @@ def test_burst_and_storm_tables() -> None:
         }
     )
     assert "| A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 |" in text
+
+
+def test_bench_models_are_built_once_and_load_as_the_server_would(tmp_path: Path) -> None:
+    import json
+
+    from loadtest import models
+    from service.loading import infer_task
+    from service.settings import Settings
+
+    folder = models.minilm_classifier(tmp_path / "clf")
+    weights = folder / "model.safetensors"
+    built = weights.stat().st_mtime_ns
+    assert models.minilm_classifier(tmp_path / "clf") == folder
+    assert weights.stat().st_mtime_ns == built  # the recipe matched: not built again
+    assert infer_task(str(folder), Settings(model_id=str(folder))) == "text-classification"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {"0": "NEGATIVE", "1": "POSITIVE"}
+    nli = json.loads((models.minilm_nli(tmp_path / "nli") / "config.json").read_text())
+    assert nli["label2id"] == {"entailment": 0, "neutral": 1, "contradiction": 2}
+
+
+def test_mean_pool_ignores_pad_rows() -> None:
+    import torch
+
+    from loadtest.limit import mean_pool
+
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
+    pooled = mean_pool(hidden, torch.tensor([[1, 1, 0]]))
+    assert pooled.tolist() == [[2.0, 3.0]]
+
+
+def test_limit_worker_replays_a_classifier_on_short_inputs(tmp_path: Path) -> None:
+    from loadtest import models
+    from loadtest.limit import LimitWorker
+    from loadtest.servers import REPO_ROOT
+
+    folder = models.minilm_classifier()  # the bench's own, built once under results/
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = LimitWorker(16, REPO_ROOT, log, input_set="short", model_id=str(folder))
+        try:
+            rate = worker.ask(op="b", batch_size=8)["inputs_per_s"]
+            small = worker.ask(op="replay", shapes=[[1, 8]])["seconds"]
+            large = worker.ask(op="replay", shapes=[[16, 64], [16, 64]])["seconds"]
+        finally:
+            worker.close()
+    assert 0 < rate < 100_000 and 0 < small < large
