@@ -92,14 +92,15 @@ def wrk_point(
 
 def limit_b(
     worker: limit_mod.LimitWorker, batch_size: int, args: argparse.Namespace, **extra: Any
-) -> float:
-    """One whole pass of limit (b) at ``batch_size`` in the worker (inputs/s), re-measured
-    when disturbed."""
+) -> tuple[float, float]:
+    """One whole pass of limit (b) at ``batch_size`` in the worker: (inputs/s, the share of the
+    CPU other processes took meanwhile); re-measured when disturbed."""
 
     def one() -> float:
         return float(worker.ask(op="b", batch_size=batch_size, **extra)["inputs_per_s"])
 
-    return cpu.least_disturbed(one, quiet(args))[0]
+    rate, other, _ = cpu.least_disturbed(one, quiet(args))
+    return rate, other
 
 
 def median(values: Iterable[float]) -> float:

@@ -140,9 +140,9 @@ def run_case(case: Case, texts: list[str], args: argparse.Namespace) -> dict[str
 def sweep(worker: limit_mod.LimitWorker, case: Case, args: argparse.Namespace) -> dict[str, Any]:
     """Limit (b) at each batch size (one whole pass each); for feature-extraction, plain and
     mean-pooled passes in turn at the best size (what pooling costs)."""
-    by_size = {
-        bs: common.limit_b(worker, bs, args, pooling=case.pooling) for bs in args.short_batch_sizes
-    }
+    sizes = args.short_batch_sizes
+    points = {bs: common.limit_b(worker, bs, args, pooling=case.pooling) for bs in sizes}
+    by_size = {bs: rate for bs, (rate, _) in points.items()}
     best = max(by_size, key=by_size.__getitem__)
     print(
         "  limit (b): "
@@ -150,10 +150,18 @@ def sweep(worker: limit_mod.LimitWorker, case: Case, args: argparse.Namespace) -
         + f" (best batch size {best})",
         flush=True,
     )
-    out: dict[str, Any] = {"by_batch_size": by_size, "best_batch_size": best, "best": by_size[best]}
+    out: dict[str, Any] = {
+        "by_batch_size": by_size,
+        "other_cpu_by_batch_size": {bs: other for bs, (_, other) in points.items()},
+        "best_batch_size": best,
+        "best": by_size[best],
+    }
     if case.name == "embeddings":
         pairs = [
-            (common.limit_b(worker, best, args), common.limit_b(worker, best, args, pooling="mean"))
+            (
+                common.limit_b(worker, best, args)[0],
+                common.limit_b(worker, best, args, pooling="mean")[0],
+            )
             for _ in range(2)
         ]
         out["pooling_cost"] = statistics.fmean(plain / pooled - 1 for plain, pooled in pairs)
@@ -203,12 +211,12 @@ async def serve_points(
             f"{one['single_p50_ms']:.1f} ms",
             flush=True,
         )
-        before = common.limit_b(worker, best, args, pooling=case.pooling)
+        before, before_other = common.limit_b(worker, best, args, pooling=case.pooling)
         for n in args.short_paired_levels:
             offset = srv.log.stat().st_size
             p = point(n, args.short_paired_seconds)
             alone = split.batches_alone(srv.log, offset, worker)
-            after = common.limit_b(worker, best, args, pooling=case.pooling)
+            after, after_other = common.limit_b(worker, best, args, pooling=case.pooling)
             ratio = p["ok_per_s"] / statistics.fmean((before, after))
             over_alone = p["ok_per_s"] / alone["alone_inputs_per_s"] if alone else float("nan")
             paired[n].append(
@@ -217,6 +225,7 @@ async def serve_points(
                     "round": rnd,
                     "limit_b_before": before,
                     "limit_b_after": after,
+                    "limit_other_cpu": max(before_other, after_other),
                     "ratio": ratio,
                     "over_alone": over_alone,
                     **alone,
@@ -229,7 +238,7 @@ async def serve_points(
                 f"{over_alone:.2f}), busy {alone.get('busy', float('nan')):.0%}",
                 flush=True,
             )
-            before = after
+            before, before_other = after, after_other
     return {"closed": closed, "paired": paired, "one_client": one_client}
 
 
@@ -270,6 +279,9 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
         "| limit (b) batch size | " + " | ".join(str(b) for b in sizes) + " |",
         "| --- |" + " --- |" * len(sizes),
         "| inputs/s | " + " | ".join(f"{v:.1f}" for v in sizes.values()) + " |",
+        "| other processes' CPU | "
+        + " | ".join(f"{v:.0%}" for v in lim.get("other_cpu_by_batch_size", {}).values())
+        + " |",
         "",
     ]
     if "pooling_cost" in lim:
@@ -286,8 +298,8 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "| round | clients | limit (b) before | server | limit (b) after | ratio | batches alone "
-        "| server / alone | forward under load | busy | loop ms/req |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| server / alone | forward under load | busy | loop ms/req | other CPU (server, limit) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for n, points in res["paired"].items():
         for p in points:
@@ -296,7 +308,8 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
                 f"{p['limit_b_after']:.1f} | {p['ratio']:.2f} | "
                 f"{common.ms(p.get('alone_inputs_per_s'))} | {p['over_alone']:.2f} | "
                 f"{p.get('forward_slowdown', float('nan')):.2f}x | {p.get('busy', 0):.0%} | "
-                f"{p['loop_ms_per_request']:.2f} |"
+                f"{p['loop_ms_per_request']:.2f} | {p['other_cpu']:.0%}, "
+                f"{p.get('limit_other_cpu', float('nan')):.0%} |"
             )
     s = res["summary"]
     lines += [""]
