@@ -174,6 +174,27 @@ class Limit:
             seconds += time.perf_counter() - start
         return seconds
 
+    def pooling_cost(self, batch_size: int) -> dict[str, float]:
+        """What mean pooling adds to (b), timed apart: one pass over the length-sorted batches,
+        each through tokenizer + model, then mean pooling alone on its output. Milliseconds per
+        input of each (a throughput ratio of two passes would measure the machine's drift)."""
+        import torch
+
+        tok, model = self.pipe.tokenizer, self.pipe.model
+        assert tok is not None
+        model_s = pool_s = 0.0
+        for batch in chunks(self.by_length, batch_size):
+            start = time.perf_counter()
+            enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
+            with torch.inference_mode():
+                out = model(**enc)
+                middle = time.perf_counter()
+                mean_pool(out[0], enc["attention_mask"])
+            pool_s += time.perf_counter() - middle
+            model_s += middle - start
+        n = len(self.by_length)
+        return {"model_ms_per_input": 1000 * model_s / n, "pool_ms_per_input": 1000 * pool_s / n}
+
     def engine(self) -> Any:
         """The server's Engine (``service.loading.load_engine``, settings from the environment),
         loaded once and warmed up."""
@@ -264,7 +285,8 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     ``"pooling": "mean"`` adds mean pooling);
     ``{"op": "calls", "indices": [3, 4]}`` times a direct single call on each of inputs 3 and 4,
     back to back: ``{"ms": [..., ...]}``; ``{"op": "replay", "shapes": [[8, 40], [2, 300]]}``
-    answers ``{"seconds": ...}`` for :meth:`Limit.replay` of those batch shapes.
+    answers ``{"seconds": ...}`` for :meth:`Limit.replay` of those batch shapes;
+    ``{"op": "pooling", "batch_size": 32}`` answers :meth:`Limit.pooling_cost`.
     The benchmark keeps this process loaded and idle while it measures the server, and asks
     for limit points in turn with server points (:class:`LimitWorker`).
     """
@@ -278,6 +300,8 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
             answer = {"ms": lim.single_calls_of([lim.inputs[i] for i in req["indices"]])}
         elif req["op"] == "replay":
             answer = {"seconds": lim.replay(req["shapes"])}
+        elif req["op"] == "pooling":
+            answer = lim.pooling_cost(req["batch_size"])
         else:
             answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf, req.get("pooling"))}
         stdout.write(json.dumps(answer) + "\n")
