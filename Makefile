@@ -51,7 +51,10 @@ unit: $(VENV)/.dev  ## the fast in-process suite only
 image-test:  ## build the image with podman and test it (minutes; root on Debian)
 	bash tests/image/run.sh
 
-bench: $(VENV)/.dev  ## the side-by-side benchmark (about 12 minutes; --quick about 4)
+# Every workload of loadtest/workloads in order (about 55 minutes: mixed 12, short_inputs 12,
+# cpu 3, profile 1, burst 1, storm 1.5, memory 21); one: BENCH_ARGS='--only storm'; shorter
+# runs of each: BENCH_ARGS=--quick. Needs wrk (apt-get install wrk) and py-spy (dev extras).
+bench: $(VENV)/.dev  ## the benchmark's workloads (about 55 minutes; see loadtest/workloads)
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
 
 HOST_URL ?= http://127.0.0.1:8000

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,8 +90,15 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the chosen workloads in order."""
+    # SIGTERM (``timeout``, a CI runner) as an exception, so that every server and limit
+    # process started in a ``with`` block is stopped on the way out, not left running.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = parse_args(argv)
     args.results.mkdir(parents=True, exist_ok=True)
     if args.wait_quiet:

@@ -22,6 +22,7 @@ its own batches alone >= 0.95.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.short_cases:
         print(f"{NAME}: {name}", flush=True)
         out["cases"][name] = run_case(CASES[name], texts, args)
+        partial = args.results / f"{NAME}-{name}.json"  # kept if a later case fails
+        partial.write_text(json.dumps(out["cases"][name], indent=2, default=str) + "\n")
     return out
 
 
