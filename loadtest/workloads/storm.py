@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from loadtest import client, corpus, outcomes, proc, servers, wrk
+from loadtest import client, corpus, cpu, outcomes, proc, servers, wrk
 from loadtest.stats import latency_summary
 from loadtest.workloads import common
 
@@ -66,8 +66,9 @@ def capacity(srv: servers.Served, body: bytes, seconds: float) -> dict[str, Any]
     shed waits 200 ms before its next request (wrk's ``delay``), as Retry-After asks; without
     it, one shed (deadline-aware admission can shed at 32 clients when the cost estimate runs
     high) starts a resend spin that is a small storm of its own."""
+    before = cpu.snapshot()
     run = wrk.run(srv.base + "/", [body], CAPACITY_CLIENTS, seconds, backoff_ms=200)
-    return run.summary()
+    return {**run.summary(), "other_cpu": cpu.foreign_share(before, cpu.snapshot())}
 
 
 async def polite(
@@ -104,6 +105,7 @@ async def storm_with_polite(
         asyncio.create_task(polite(srv.base, body, stop, answers)) for _ in range(POLITE_CLIENTS)
     ]
     window = proc.CpuWindow(srv.worker_pid, names)
+    before = cpu.snapshot()
     window.start()
     try:
         storm = await asyncio.to_thread(
@@ -119,6 +121,7 @@ async def storm_with_polite(
         stop.set()
         await asyncio.gather(*tasks)
     res = storm.summary()
+    res["other_cpu"] = cpu.foreign_share(before, cpu.snapshot())
     res.update(split.summary(storm.requests, storm.ok))
     res["shed_per_s"] = storm.per_s(503)
     res["expired_per_s"] = storm.per_s(504)
@@ -195,8 +198,8 @@ def table(result: dict[str, Any]) -> str:
         "",
         "| config | round | capacity/s | goodput/s | goodput / capacity | sheds/s | 504/s "
         "| storm p50 ms | loop ms/req | loop cores | polite: statuses | polite shed p50 / p95 ms "
-        "| polite 200 p50 / p95 ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| polite 200 p50 / p95 ms | capacity: sheds | other CPU (capacity, storm) |",
+        "|" + " --- |" * 15,
     ]
     for r in result["rounds"]:
         pol = r["polite"]
@@ -206,7 +209,14 @@ def table(result: dict[str, Any]) -> str:
             f"{r['expired_per_s']:.1f} | {common.ms(r['p50_ms'])} | "
             f"{r['loop_ms_per_request']:.3f} | {r.get('loop_cores', 0):.2f} | {pol['statuses']} | "
             f"{common.ms(pol['shed']['p50_ms'])} / {common.ms(pol['shed']['p95_ms'])} | "
-            f"{common.ms(pol['ok']['p50_ms'])} / {common.ms(pol['ok']['p95_ms'])} |"
+            f"{common.ms(pol['ok']['p50_ms'])} / {common.ms(pol['ok']['p95_ms'])} | "
+            f"{_sheds(r['capacity'])} | {r['capacity'].get('other_cpu', 0):.0%}, "
+            f"{r.get('other_cpu', 0):.0%} |"
         )
     lines += ["", f"Target (issue 14): goodput / capacity >= {GOODPUT_TARGET}."]
     return "\n".join(lines)
+
+
+def _sheds(point: dict[str, Any]) -> int:
+    """503s in a point (status keys are ints in process, strings after JSON)."""
+    return sum(n for status, n in point.get("statuses", {}).items() if int(status) == 503)

@@ -209,6 +209,7 @@ def test_burst_and_storm_tables() -> None:
         expired_per_s=2.0,
         loop_cores=0.4,
         polite={"statuses": {503: 3}, "shed": lat, "ok": lat},
+        capacity={"statuses": {"503": 4, "200": 90}, "other_cpu": 0.05},
     )
     text = storm.table(
         {
@@ -218,6 +219,7 @@ def test_burst_and_storm_tables() -> None:
         }
     )
     assert "| A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 |" in text
+    assert text.splitlines()[4].endswith("| 4 | 5%, 1% |")
 
 
 def test_bench_models_are_built_once_and_load_as_the_server_would(tmp_path: Path) -> None:
