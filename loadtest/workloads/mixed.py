@@ -93,6 +93,8 @@ def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     args.paired_seconds = args.paired_seconds or max(3.0, args.inputs / 40)
     args.batch_sizes = args.batch_sizes or ("1,8,32" if args.quick else "1,2,4,8,16,32,64")
     args.overload = [float(x) for x in args.overload.split(",")]
+    args.out = args.out or results / "bench.json"
+    args.plot = args.plot or results / "bench.png"
 
 
 def measure_limit(args: argparse.Namespace) -> dict[str, Any]:

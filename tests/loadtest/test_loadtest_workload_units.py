@@ -133,6 +133,8 @@ def test_bench_knows_every_workload_and_parses_only() -> None:
     assert ORDER[0] == "mixed" and set(ORDER) == set(WORKLOADS)
     args = parse_args(["--only", "storm,burst", "--quick", "--ab", "X=1"])
     assert args.only == ["storm", "burst"] and args.storm_rounds == 2 and args.burst_count == 4
+    mixed = parse_args(["--only", "mixed", "--results", "/tmp/r"])
+    assert mixed.out == Path("/tmp/r/bench.json") and mixed.levels == [1, 4, 16, 32, 64]
     with pytest.raises(SystemExit):
         parse_args(["--only", "nope"])
 
