@@ -28,6 +28,8 @@ from loadtest import servers
 
 _LINE = re.compile(r"^thread \((?P<tid>\d+|0x[0-9a-f]+)\): (?P<rest>.*) (?P<count>\d+)$")
 _LINENO = re.compile(r":\d+\)$")
+#: Inclusive tops leave out functions on at least this share of a thread's stacks (:func:`top`).
+ENTRY_SHARE = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,9 @@ def top(
 
     Self time (``inclusive=False``) charges each sample to its innermost frame; inclusive time
     to every function on its stack (once per sample, however deep the recursion), leaving out
-    the functions on every counted stack (the thread's entry: ``Thread.run``, ``Runner.run``).
+    the functions on at least ``ENTRY_SHARE`` of the counted stacks: the thread's entry and the
+    event loop's own machinery (``Thread.run``, ``Runner.run``, gunicorn's arbiter), which
+    would otherwise fill the top (a few torn stacks lack them, so "on every stack" misses).
     """
     mine = [s for s in stacks if s.thread == thread and s.frames and not skip(s)]
     total = sum(s.count for s in mine)
@@ -139,7 +143,7 @@ def top(
         for name in names:
             counts[name] += stack.count
     if inclusive:
-        counts = Counter({name: k for name, k in counts.items() if k < total})
+        counts = Counter({name: k for name, k in counts.items() if k < ENTRY_SHARE * total})
     return [(name, k / total) for name, k in counts.most_common(n)], total
 
 
