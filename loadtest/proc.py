@@ -138,13 +138,14 @@ class CpuWindow:
         wall = time.monotonic() - self._started
         after = thread_times(self.pid)
         role = roles(self.pid, self.names)
-        cpu: Counter[str] = Counter()
-        runnable: Counter[str] = Counter()
+        cpu: dict[str, float] = {}
+        runnable: dict[str, float] = {}
         for tid, now in after.items():
             then = self._before.get(tid, ThreadTimes(0, 0))
-            cpu[role.get(tid, "other")] += (now.run_ns - then.run_ns) / 1e9
-            runnable[role.get(tid, "other")] += (now.wait_ns - then.wait_ns) / 1e9
-        return CpuSplit(wall, dict(cpu), dict(runnable), states)
+            name = role.get(tid, "other")
+            cpu[name] = cpu.get(name, 0.0) + (now.run_ns - then.run_ns) / 1e9
+            runnable[name] = runnable.get(name, 0.0) + (now.wait_ns - then.wait_ns) / 1e9
+        return CpuSplit(wall, cpu, runnable, states)
 
 
 class LoopSampler:

@@ -18,6 +18,7 @@ shares of a machine that is itself the bottleneck.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,23 @@ def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     args.cpu_seconds = args.cpu_seconds or (4 if args.quick else 8)
 
 
-MODELS = {
+def _classifier() -> str:
+    return str(models.minilm_classifier())
+
+
+def _short() -> list[str]:
+    return corpus.short_inputs(500)
+
+
+def _mixed() -> list[str]:
+    return corpus.mixed_inputs(512)
+
+
+MODELS: dict[str, Callable[[], str]] = {
     "token rows": limit_mod.default_model,
-    "labels": lambda: str(models.minilm_classifier()),
+    "labels": _classifier,
 }
-INPUTS = {"short": lambda: corpus.short_inputs(500), "mixed": lambda: corpus.mixed_inputs(512)}
+INPUTS: dict[str, Callable[[], list[str]]] = {"short": _short, "mixed": _mixed}
 
 
 def gil_shares(stacks: list[pyspy.Stack], seconds: float) -> dict[str, float]:
