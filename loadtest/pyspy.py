@@ -28,8 +28,17 @@ from loadtest import servers
 
 _LINE = re.compile(r"^thread \((?P<tid>\d+|0x[0-9a-f]+)\): (?P<rest>.*) (?P<count>\d+)$")
 _LINENO = re.compile(r":\d+\)$")
-#: Inclusive tops leave out functions on at least this share of a thread's stacks (:func:`top`).
-ENTRY_SHARE = 0.8
+#: Inclusive tops leave out the threads' entry frames (by file) and any function on at least
+#: ``ENTRY_SHARE`` of a thread's stacks (:func:`top`).
+ENTRY_FILES = (
+    "(gunicorn/",
+    "(<frozen runpy>",
+    "(uvicorn_worker/",
+    "(uvicorn/_compat.py",
+    "(asyncio/runners.py",
+    "(threading.py",
+)
+ENTRY_SHARE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +140,20 @@ def top(
 
     Self time (``inclusive=False``) charges each sample to its innermost frame; inclusive time
     to every function on its stack (once per sample, however deep the recursion), leaving out
-    the functions on at least ``ENTRY_SHARE`` of the counted stacks: the thread's entry and the
-    event loop's own machinery (``Thread.run``, ``Runner.run``, gunicorn's arbiter), which
-    would otherwise fill the top (a few torn stacks lack them, so "on every stack" misses).
+    the threads' entry (``ENTRY_FILES``: gunicorn's arbiter, ``Runner.run``, ``Thread.run``)
+    and any function on at least ``ENTRY_SHARE`` of the counted stacks (uvloop's run loop in a
+    ``--native`` record), which would otherwise fill the top. A fifth of a ``--nonblocking``
+    record's stacks can be torn (their outer frames missing), so "on every stack" misses them.
     """
     mine = [s for s in stacks if s.thread == thread and s.frames and not skip(s)]
     total = sum(s.count for s in mine)
     counts: Counter[str] = Counter()
     for stack in mine:
-        names = {function(f) for f in stack.frames} if inclusive else {function(stack.frames[-1])}
+        names = (
+            {function(f) for f in stack.frames if not any(e in f for e in ENTRY_FILES)}
+            if inclusive
+            else {function(stack.frames[-1])}
+        )
         for name in names:
             counts[name] += stack.count
     if inclusive:

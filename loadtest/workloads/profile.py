@@ -33,6 +33,7 @@ RATE = 100
 def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--profile-seconds", type=int, help="seconds recorded (default 20, quick 8)")
     p.add_argument("--profile-clients", type=int, default=32, help="wrk connections")
+    p.add_argument("--profile-rate", type=int, default=RATE, help="py-spy samples per second")
     p.add_argument(
         "--profile-native",
         action="store_true",
@@ -67,7 +68,8 @@ def record(
 ) -> dict[str, Any]:
     """One wrk point with py-spy recording over it; the tops (module docstring)."""
     seconds = args.profile_seconds
-    rec = pyspy.Recording(srv.worker_pid, seconds, rate=RATE, native=native)
+    rate = args.profile_rate
+    rec = pyspy.Recording(srv.worker_pid, seconds, rate=rate, native=native)
     point = common.wrk_point(srv, bodies, args.profile_clients, seconds + 1, names, args)
     stacks = rec.stacks()
     raw = args.results / f"profile-{'native' if native else 'python'}-raw.txt"
@@ -86,7 +88,7 @@ def record(
     everything = pyspy.per_thread(stacks)
 
     def share(name: str, counts: dict[str, int]) -> float:
-        return counts.get(name, 0) / max(1, everything.get(name, 0) if native else RATE * seconds)
+        return counts.get(name, 0) / max(1, everything.get(name, 0) if native else rate * seconds)
 
     loop_self, loop_n = pyspy.top(active, "MainThread", 15)
     loop_incl, _ = pyspy.top(active, "MainThread", 15, inclusive=True)
@@ -94,6 +96,7 @@ def record(
     inf_incl, _ = pyspy.top(active, "inference", 10, inclusive=True, skip=pyspy.outside_forward)
     return {
         "point": point,
+        "rate": rate,
         "native": native,
         "raw": str(raw),
         "samples": dict(samples),
@@ -132,7 +135,8 @@ def _record_table(r: dict[str, Any], seconds: int) -> list[str]:
     how = "--native, blocking" if r["native"] else "Python frames, --nonblocking"
     return [
         f"Profile ({how}): {p['connections']} wrk connections, short inputs, "
-        f"text-classification, {p['ok_per_s']:.1f} answers/s; py-spy {RATE} Hz for {seconds} s. "
+        f"text-classification, {p['ok_per_s']:.1f} answers/s; py-spy {r.get('rate', RATE)} Hz for "
+        f"{seconds} s. "
         f"The loop ran {r['loop_core_share']:.0%} of a core ({r['loop_samples']} samples; "
         f"{p['loop_ms_per_request']:.2f} ms of CPU per request from /proc); the inference "
         f"thread {r['inference_core_share']:.0%}, {r['inference_outside_forward_share']:.0%} of "
