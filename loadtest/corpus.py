@@ -1,18 +1,23 @@
 """Inputs for the load tests and the benchmark, drawn from ``loadtest/corpus.txt``.
 
 The corpus holds public-domain U.S. texts (see the header of ``corpus.txt`` for the sources). An
-input is a run of consecutive sentences from it, so lengths range from a five-word sentence to a
-passage of a few hundred tokens: on CPU, padding cost decides throughput, so a benchmark on
-uniform inputs would flatter any batcher.
+input is a run of consecutive sentences from it. Two sets:
+
+- :func:`mixed_inputs`: from a five-word sentence to a passage of a few hundred tokens: on CPU,
+  padding cost decides throughput, so a benchmark on uniform inputs would flatter any batcher;
+- :func:`short_inputs`: 8-100 tokens, about 42 mean (search queries, chat messages, titles),
+  where per-request costs outside the model weigh most.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 
@@ -91,3 +96,76 @@ def mixed_inputs(n: int, seed: int = 0) -> list[str]:
     """
     rng = random.Random(seed)
     return [draw(rng) for _ in range(n)]
+
+
+#: Short inputs (:func:`short_inputs`): token bounds, with the special tokens, and the mode of
+#: the triangular draw of each input's target length. The draw's mean is (8 + 100 + 55) / 3 =
+#: 54; inputs end at the last whole sentence under their target, so they come out shorter:
+#: 42 tokens mean with the embedded model (checked in tests/loadtest).
+SHORT_MIN_TOKENS, SHORT_MAX_TOKENS, SHORT_MODE_TOKENS = 8, 100, 55
+
+
+def short_inputs(n: int = 2000, seed: int = 0, tokenizer: Any = None) -> list[str]:
+    """``n`` English inputs of 8-100 tokens (about 42 mean), the same list for the same
+    ``n`` and ``seed``: the length of search queries, chat messages and product titles.
+
+    Each input draws a target length, then takes the corpus's sentences from a random one on
+    while they fit under the target (so it ends at a sentence end); when even the first does
+    not fit, it is cut at the last word that fits. Lengths count the tokenizer's special tokens
+    (what the server pads to). ``tokenizer``: the embedded model's when None.
+    """
+    tok = tokenizer if tokenizer is not None else _default_tokenizer()
+    sents = sentences()
+    rng = random.Random(seed)
+
+    def count(text: str) -> int:
+        return len(tok(text)["input_ids"])
+
+    out: list[str] = []
+    while len(out) < n:
+        target = round(rng.triangular(SHORT_MIN_TOKENS, SHORT_MAX_TOKENS, SHORT_MODE_TOKENS))
+        start = rng.randrange(len(sents))
+        text = ""
+        for offset in range(len(sents)):
+            longer = f"{text} {sents[(start + offset) % len(sents)]}".strip()
+            if count(longer) > target:
+                break
+            text = longer
+        if not text:
+            text = _cut_to(sents[start].split(), target, count)
+        if SHORT_MIN_TOKENS <= count(text) <= SHORT_MAX_TOKENS:
+            out.append(text)
+    return out
+
+
+def _cut_to(words: list[str], max_tokens: int, count: Callable[[str], int]) -> str:
+    """The longest prefix of ``words`` of at most ``max_tokens`` tokens (binary search)."""
+    low, high = 0, len(words)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if count(" ".join(words[:mid])) <= max_tokens:
+            low = mid
+        else:
+            high = mid - 1
+    return " ".join(words[:low])
+
+
+INPUT_SETS = ("mixed", "short")
+
+
+def inputs(name: str, n: int, seed: int = 0) -> list[str]:
+    """The input set ``name`` (one of :data:`INPUT_SETS`): ``n`` inputs drawn with ``seed``."""
+    if name == "mixed":
+        return mixed_inputs(n, seed)
+    if name == "short":
+        return short_inputs(n, seed)
+    raise ValueError(f"unknown input set {name!r}; use one of {INPUT_SETS}")
+
+
+@cache
+def _default_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from service.loading import default_model_dir
+
+    return AutoTokenizer.from_pretrained(default_model_dir())

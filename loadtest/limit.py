@@ -1,8 +1,13 @@
 """The limit: the best in-process throughput on the benchmark's inputs (README, Benchmarks).
 
 (a) the pipeline on pre-formed batches, in input order, at each batch size;
-(b) tokenizer + model (no pipeline, no output conversion) on length-sorted batches at each size;
+(b) tokenizer + model (no pipeline, no output conversion) on length-sorted batches at each size
+    (for pooled embeddings, ``pooling="mean"``: plus the masked mean over the token rows);
 plus a direct single pipeline call's latency, the yardstick for one client's p50.
+
+Any model folder, task and input set (``--model``, ``--task``, ``--input-set``: mixed by
+default, ``short`` for loadtest.workloads.short_inputs); the task is the server's own
+inference from the model when not given.
 
 Run it alone (``python -m loadtest.limit --out limit.json``) or from ``loadtest.bench``, which
 runs it in a subprocess before the server starts so that the two never compete for the 2 cores,
@@ -29,7 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from loadtest import cpu
-from loadtest.corpus import mixed_inputs
+from loadtest.corpus import INPUT_SETS
+from loadtest.corpus import inputs as input_set
 from loadtest.stats import percentile
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -40,6 +46,20 @@ def default_model() -> str:
     from service.loading import default_model_dir
 
     return os.environ.get("MODEL_ID") or default_model_dir()
+
+
+def task_of(model_id: str) -> str:
+    """TASK from the environment, else the task the server infers from the model's folder."""
+    from service.loading import infer_task
+    from service.settings import Settings
+
+    return infer_task(model_id, Settings(model_id=model_id))
+
+
+def mean_pool(hidden: Any, attention_mask: Any) -> Any:
+    """Sentence embeddings: the mean of each input's own token rows (pad rows masked out)."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
 def chunks(items: Sequence[str], size: int) -> list[list[str]]:
@@ -94,10 +114,13 @@ class Limit:
         self.lengths = [len(ids) for ids in tok(inputs)["input_ids"]]
         self.by_length = [text for _, text in sorted(zip(self.lengths, inputs, strict=True))]
 
-        def run_model(batch: list[str]) -> object:
+        def run_model(batch: list[str], pooling: str | None = None) -> object:
             enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
             with torch.inference_mode():
-                return model(**enc)
+                out = model(**enc)
+                if pooling == "mean":
+                    return mean_pool(out[0], enc["attention_mask"])
+                return out
 
         self.run_model = run_model
         self._engine: Any = None  # the server's path, for `replay` (loaded when first asked)
@@ -142,6 +165,27 @@ class Limit:
             seconds += time.perf_counter() - start
         return seconds
 
+    def pooling_cost(self, batch_size: int) -> dict[str, float]:
+        """What mean pooling adds to (b), timed apart: one pass over the length-sorted batches,
+        each through tokenizer + model, then mean pooling alone on its output. Milliseconds per
+        input of each (a throughput ratio of two passes would measure the machine's drift)."""
+        import torch
+
+        tok, model = self.pipe.tokenizer, self.pipe.model
+        assert tok is not None
+        model_s = pool_s = 0.0
+        for batch in chunks(self.by_length, batch_size):
+            start = time.perf_counter()
+            enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
+            with torch.inference_mode():
+                out = model(**enc)
+                middle = time.perf_counter()
+                mean_pool(out[0], enc["attention_mask"])
+            pool_s += time.perf_counter() - middle
+            model_s += middle - start
+        n = len(self.by_length)
+        return {"model_ms_per_input": 1000 * model_s / n, "pool_ms_per_input": 1000 * pool_s / n}
+
     def engine(self) -> Any:
         """The server's Engine (``service.loading.load_engine``, settings from the environment),
         loaded once and warmed up."""
@@ -158,10 +202,12 @@ class Limit:
         """(a): inputs/s of the pipeline on batches of ``batch_size`` in input order."""
         return throughput(self.run_pipeline, chunks(self.inputs, batch_size), budget_s)
 
-    def b(self, batch_size: int, budget_s: float) -> float:
-        """(b): inputs/s of tokenizer + model on length-sorted batches of ``batch_size``."""
+    def b(self, batch_size: int, budget_s: float, pooling: str | None = None) -> float:
+        """(b): inputs/s of tokenizer + model on length-sorted batches of ``batch_size``
+        (``pooling="mean"``: plus mean pooling, what pooled embeddings cost)."""
         cut = chunks(self.by_length, batch_size)
-        return throughput(self.run_model, [cut[i] for i in spread(len(cut))], budget_s)
+        run = functools.partial(self.run_model, pooling=pooling)
+        return throughput(run, [cut[i] for i in spread(len(cut))], budget_s)
 
 
 def measure(
@@ -226,10 +272,12 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     """Answer measurement requests, one JSON object per line, until stdin closes.
 
     ``{"op": "b", "batch_size": 16}`` answers ``{"inputs_per_s": ...}`` for one whole pass over
-    the inputs (the same work every time, so points differ only by the machine's speed);
+    the inputs (the same work every time, so points differ only by the machine's speed;
+    ``"pooling": "mean"`` adds mean pooling);
     ``{"op": "calls", "indices": [3, 4]}`` times a direct single call on each of inputs 3 and 4,
     back to back: ``{"ms": [..., ...]}``; ``{"op": "replay", "shapes": [[8, 40], [2, 300]]}``
-    answers ``{"seconds": ...}`` for :meth:`Limit.replay` of those batch shapes.
+    answers ``{"seconds": ...}`` for :meth:`Limit.replay` of those batch shapes;
+    ``{"op": "pooling", "batch_size": 32}`` answers :meth:`Limit.pooling_cost`.
     The benchmark keeps this process loaded and idle while it measures the server, and asks
     for limit points in turn with server points (:class:`LimitWorker`).
     """
@@ -243,8 +291,10 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
             answer = {"ms": lim.single_calls_of([lim.inputs[i] for i in req["indices"]])}
         elif req["op"] == "replay":
             answer = {"seconds": lim.replay(req["shapes"])}
+        elif req["op"] == "pooling":
+            answer = lim.pooling_cost(req["batch_size"])
         else:
-            answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf)}
+            answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf, req.get("pooling"))}
         stdout.write(json.dumps(answer) + "\n")
         stdout.flush()
 
@@ -256,18 +306,40 @@ class LimitWorker:
     each server point can be divided by limit points taken seconds before and after it: this
     machine's speed drifts by tens of percent within a minute, and a ratio of points taken
     minutes apart would measure the drift.
+
+    ``model_id`` and ``task`` (default: the environment's, else the embedded model and the task
+    the server infers) reach the replayed ``Engine`` as MODEL_ID and TASK, so its batches run
+    the server's path on the server's model; ``env`` adds more of the server's settings.
     """
 
-    def __init__(self, inputs: int, cwd: Path, log: IO[bytes]) -> None:
+    def __init__(
+        self,
+        inputs: int,
+        cwd: Path,
+        log: IO[bytes],
+        *,
+        input_set: str = "mixed",
+        model_id: str | None = None,
+        task: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         import subprocess
         import sys
 
+        cmd = [sys.executable, "-m", "loadtest.limit", "--serve", "--inputs", str(inputs)]
+        cmd += ["--input-set", input_set]
+        full_env = {**os.environ, **(env or {})}
+        if model_id:
+            full_env["MODEL_ID"] = model_id
+        if task:
+            full_env["TASK"] = task
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loadtest.limit", "--serve", "--inputs", str(inputs)],
+            cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
             cwd=cwd,
+            env=full_env,
             text=True,
         )
         if self._read() != {"ready": True}:
@@ -325,7 +397,9 @@ def _cut(prepared: Any, length: int) -> Any:
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: measure and print or write the JSON result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--inputs", type=int, default=512, help="number of mixed inputs")
+    parser.add_argument("--inputs", type=int, default=512, help="number of inputs")
+    parser.add_argument("--input-set", choices=INPUT_SETS, default="mixed")
+    parser.add_argument("--model", help="model folder or id (default: MODEL_ID, else embedded)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     parser.add_argument("--single", type=int, default=200, help="inputs timed one at a time")
@@ -338,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--retries", type=int, default=cpu.Quiet().retries)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    parser.add_argument("--task", default=os.environ.get("TASK", "feature-extraction"))
+    parser.add_argument("--task", help="default: TASK, else the server's inference from the model")
     parser.add_argument("--out", type=Path, help="write JSON here instead of stdout")
     parser.add_argument(
         "--serve", action="store_true", help="answer JSON-line requests on stdin (LimitWorker)"
@@ -348,20 +422,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+    model_id = args.model or default_model()
+    task = args.task or task_of(model_id)
+    texts = input_set(args.input_set, args.inputs, args.seed)
     if args.serve:
         import sys
 
-        serve(
-            Limit(mixed_inputs(args.inputs, args.seed), default_model(), args.task),
-            sys.stdin,
-            sys.stdout,
-        )
+        serve(Limit(texts, model_id, task), sys.stdin, sys.stdout)
         return
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     result = measure(
-        mixed_inputs(args.inputs, args.seed),
-        default_model(),
-        args.task,
+        texts,
+        model_id,
+        task,
         sizes,
         args.single,
         args.seconds,

@@ -16,7 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -92,6 +93,20 @@ def running(
     The environment gets HOST, PORT, HF_HUB_OFFLINE=1 and TOKENIZERS_PARALLELISM=false on top of
     ``env`` (or of this process's environment). Output goes to ``log`` (default: discarded).
     """
+    with started(command, port, env, ready_path, ready_timeout_s, log) as (base, _):
+        yield base
+
+
+@contextlib.contextmanager
+def started(
+    command: list[str],
+    port: int,
+    env: Mapping[str, str] | None = None,
+    ready_path: str = "/readyz",
+    ready_timeout_s: float = 180.0,
+    log: IO[bytes] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`running`, yielding the process too: (base URL, process)."""
     full_env = {
         **(env if env is not None else os.environ),
         "HOST": HOST,
@@ -106,9 +121,48 @@ def running(
     base = f"http://{HOST}:{port}"
     try:
         wait_ready(base + ready_path, ready_timeout_s, proc)
-        yield base
+        yield base, proc
     finally:
         stop(proc)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A running pipeline-server: its base URL, gunicorn's pid, the worker's pid, its log."""
+
+    base: str
+    master_pid: int
+    worker_pid: int
+    log: Path
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
+def pipeline_server(
+    env: Mapping[str, str], log: Path, ready_timeout_s: float = 180.0
+) -> Iterator[Served]:
+    """The real console script on a free port with ``env`` on top of this process's
+    environment (JSON logs, so the benchmark can read its ``batch`` lines), until the block
+    ends. The worker's pid is that of gunicorn's one child (``loadtest.proc``)."""
+    from loadtest.proc import worker_pid
+
+    full = {**os.environ, "LOG_FORMAT": "json", **env}
+    with (
+        log.open("wb") as sink,
+        started(pipeline_server_command(), free_port(), full, log=sink) as (base, proc),
+    ):
+        yield Served(base, proc.pid, worker_pid(proc.pid), log, dict(env))
+
+
+def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    """``["KEY=VALUE", ...]`` as a dict (``--env`` and ``--ab`` options); raise on a bad pair."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 40.0) -> int:

@@ -225,7 +225,7 @@ def test_paired_ratios_are_medians_of_points_between_their_limits() -> None:
 
 
 def test_batches_alone_reads_the_points_batch_lines(tmp_path: Path) -> None:
-    from loadtest.bench import batches_alone
+    from loadtest.split import batches_alone
 
     def line(ts: str, size: int, tokens: int, padded: int, ms: float) -> str:
         return json.dumps(
@@ -303,9 +303,12 @@ def test_limit_worker_answers_in_turn_and_exits(embedded_model: Path, tmp_path: 
             calls = worker.ask(op="calls", indices=[3, 1, 3])["ms"]
             small = worker.ask(op="replay", shapes=[[1, 8]])["seconds"]
             large = worker.ask(op="replay", shapes=[[16, 128], [16, 128]])["seconds"]
+            pooled = worker.ask(op="b", batch_size=4, pooling="mean")["inputs_per_s"]
+            pooling = worker.ask(op="pooling", batch_size=4)
         finally:
             worker.close()
-    assert all(0 < rate < 10_000 for rate in passes)
+    assert all(0 < rate < 10_000 for rate in [*passes, pooled])
+    assert 0 < pooling["pool_ms_per_input"] < pooling["model_ms_per_input"]
     assert len(calls) == 3 and all(0 < ms < 10_000 for ms in calls)
     assert 0 < small < large  # 8 tokens once against 2 x 16 x 128 padded tokens
     assert worker.proc.returncode == 0

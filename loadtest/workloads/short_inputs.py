@@ -1,0 +1,342 @@
+"""Short inputs (8-100 tokens, about 42 mean): where per-request costs outside the model weigh.
+
+``python -m loadtest.bench --only short_inputs`` (about 9 minutes; ``--quick`` about 3). Two
+cases, each on its own server and limit process:
+
+- ``embeddings``: the default model, feature-extraction; the server answers token rows today
+  (pooled embeddings later: change the case's one line, see ``CASES``);
+- ``classification``: the MiniLM encoder with a random head (``loadtest.models``),
+  text-classification: small answers.
+
+Per case: limit (b) (tokenizer + model on length-sorted batches) swept over batch sizes in a
+limit process kept loaded (``loadtest.limit.LimitWorker``); for feature-extraction, mean
+pooling timed apart on the same batches (its cost per input); then the server with wrk at each
+level (JSON ``{"inputs": text}``, one input each), with the worker's per-thread CPU; then
+rounds of: one client against direct single calls (in turn by blocks, aiohttp), and each paired
+level between two limit (b) points (server / mean of the two), split into what bounds it (its
+batches replayed alone by the server's own Engine: ``loadtest.split.batches_alone``).
+Targets (issue 13): throughput / limit (b) >= 0.78 at 32 clients and >= 0.88 at 128; server /
+its own batches alone >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest import client, corpus, models, servers, split, wrk
+from loadtest import limit as limit_mod
+from loadtest.report import p50_target_ms
+from loadtest.workloads import common
+
+NAME = "short_inputs"
+TARGETS = {32: 0.78, 128: 0.88}
+ALONE_TARGET = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One model and wire shape: the model folder, what the server answers, the request body,
+    and limit (b)'s pooling (``"mean"`` for pooled embeddings, None for token rows or labels)."""
+
+    name: str
+    model: Callable[[], str]
+    answer: str
+    body: Callable[[str], bytes] = common.json_body
+    path: str = "/"
+    pooling: str | None = None
+
+
+CASES = {
+    "embeddings": Case("embeddings", limit_mod.default_model, "token rows"),
+    # Pooled embeddings, once the server answers them, is this one line instead, e.g.:
+    # Case("embeddings", limit_mod.default_model, "pooled", body=<pooled body>, pooling="mean"),
+    "classification": Case(
+        "classification", lambda: str(models.minilm_classifier()), "labels (text-classification)"
+    ),
+}
+
+
+def add_arguments(p: argparse._ArgumentGroup) -> None:
+    p.add_argument("--short-cases", default=",".join(CASES), help="cases to run")
+    p.add_argument("--short-inputs", type=int, help="short inputs (default 2000, quick 500)")
+    p.add_argument("--short-levels", help="wrk connections (default 1,8,32,128)")
+    p.add_argument("--short-paired-levels", default="32,128", help="paired levels")
+    p.add_argument("--short-seconds", type=float, help="seconds per point (default 6, quick 3)")
+    p.add_argument(
+        "--short-paired-seconds", type=float, help="seconds per paired point (default 8, quick 3)"
+    )
+    p.add_argument("--short-rounds", type=int, help="paired rounds (default 3, quick 1)")
+    p.add_argument("--short-batch-sizes", help="limit (b) sweep (default 8,16,32,64,128)")
+    p.add_argument(
+        "--short-one-client", type=int, help="inputs timed in turn (default 250, quick 110)"
+    )
+
+
+def finish_arguments(args: argparse.Namespace, results: Path) -> None:
+    q = args.quick
+    args.short_cases = args.short_cases.split(",")
+    args.short_inputs = args.short_inputs or (500 if q else 2000)
+    args.short_levels = _ints(args.short_levels or "1,8,32,128")
+    args.short_paired_levels = _ints(args.short_paired_levels)
+    args.short_seconds = args.short_seconds or (3.0 if q else 6.0)
+    args.short_paired_seconds = args.short_paired_seconds or (3.0 if q else 8.0)
+    args.short_rounds = args.short_rounds or (1 if q else 3)
+    args.short_batch_sizes = _ints(
+        args.short_batch_sizes or ("16,32,64" if q else "8,16,32,64,128")
+    )
+    args.short_one_client = args.short_one_client or (110 if q else 250)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    wrk.executable()  # fail now, with the install line, if wrk is missing
+    texts = corpus.short_inputs(args.short_inputs)
+    tok = corpus._default_tokenizer()
+    lengths = [len(ids) for ids in tok(texts)["input_ids"]]
+    out: dict[str, Any] = {
+        "inputs": {
+            "n": len(texts),
+            "tokens_mean": statistics.fmean(lengths),
+            "tokens_min": min(lengths),
+            "tokens_max": max(lengths),
+        },
+        "cases": {},
+    }
+    for name in args.short_cases:
+        print(f"{NAME}: {name}", flush=True)
+        out["cases"][name] = run_case(CASES[name], texts, args)
+        partial = args.results / f"{NAME}-{name}.json"  # kept if a later case fails
+        partial.write_text(json.dumps(out["cases"][name], indent=2, default=str) + "\n")
+    return out
+
+
+def run_case(case: Case, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The limit sweep, then the server's levels and paired rounds (module docstring)."""
+    model = case.model()
+    env = common.server_env(args, MODEL_ID=model)
+    log = args.results / f"{NAME}-{case.name}-limit-worker.log"
+    with log.open("wb") as worker_log:
+        worker = limit_mod.LimitWorker(
+            len(texts), servers.REPO_ROOT, worker_log, input_set="short", env=env
+        )
+        try:
+            res: dict[str, Any] = {"model": model, "answer": case.answer}
+            res["limit"] = sweep(worker, case, args)
+            with servers.pipeline_server(env, args.results / f"{NAME}-{case.name}.log") as srv:
+                res["task"] = common.model_info(srv).get("task")
+                res.update(client.run(serve_points(srv, case, texts, worker, res["limit"], args)))
+        finally:
+            worker.close()
+    res["summary"] = summarize(res)
+    return res
+
+
+def sweep(worker: limit_mod.LimitWorker, case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    """Limit (b) at each batch size (one whole pass each); for feature-extraction, what mean
+    pooling adds per input at the best size (``Limit.pooling_cost``)."""
+    sizes = args.short_batch_sizes
+    points = {bs: common.limit_b(worker, bs, args, pooling=case.pooling) for bs in sizes}
+    by_size = {bs: rate for bs, (rate, _) in points.items()}
+    best = max(by_size, key=by_size.__getitem__)
+    print(
+        "  limit (b): "
+        + ", ".join(f"{bs}: {v:.0f}/s" for bs, v in by_size.items())
+        + f" (best batch size {best})",
+        flush=True,
+    )
+    out: dict[str, Any] = {
+        "by_batch_size": by_size,
+        "other_cpu_by_batch_size": {bs: other for bs, (_, other) in points.items()},
+        "best_batch_size": best,
+        "best": by_size[best],
+    }
+    if case.name == "embeddings":
+        cost = worker.ask(op="pooling", batch_size=best)
+        out["pooling"] = cost
+        out["pooling_cost"] = cost["pool_ms_per_input"] / cost["model_ms_per_input"]
+        print(
+            f"  mean pooling: {cost['pool_ms_per_input']:.4f} ms per input against "
+            f"{cost['model_ms_per_input']:.2f} for tokenizer + model ({out['pooling_cost']:.2%})",
+            flush=True,
+        )
+    return out
+
+
+async def serve_points(
+    srv: servers.Served,
+    case: Case,
+    texts: list[str],
+    worker: limit_mod.LimitWorker,
+    limit: dict[str, Any],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Closed levels, then the paired rounds, against the running server. Only the one-client
+    rounds need the event loop; the rest blocks it, with nothing else running."""
+    names = common.thread_names(srv)
+    bodies = [case.body(t) for t in texts]
+
+    def point(n: int, seconds: float) -> dict[str, Any]:
+        return common.wrk_point(srv, bodies, n, seconds, names, args, path=case.path)
+
+    wrk.run(srv.base + case.path, bodies, 8, 2)  # warm up
+    closed = {}
+    for n in args.short_levels:
+        closed[n] = p = point(n, args.short_seconds)
+        print(
+            f"  {n:>3} clients: {p['ok_per_s']:7.1f}/s p50 {p['p50_ms']:6.1f} ms; loop "
+            f"{p['loop_ms_per_request']:.2f} ms/req, inference {p['inference_ms_per_input']:.2f}"
+            f" + pool {p['other_ms_per_input']:.2f} ms/input (other processes "
+            f"{p['other_cpu']:.0%})",
+            flush=True,
+        )
+    reqs = [
+        client.Request("POST", case.path, body, (("Content-Type", common.JSON),)) for body in bodies
+    ]
+    best = int(limit["best_batch_size"])
+    paired: dict[int, list[dict[str, Any]]] = {n: [] for n in args.short_paired_levels}
+    one_client = []
+    for rnd in range(1, args.short_rounds + 1):
+        one = await split.one_client_in_turn(srv.base, reqs, worker, args.short_one_client)
+        one_client.append({**one, "round": rnd})
+        print(
+            f"  round {rnd}: one client p50 {one['p50_ms']:.1f} ms, direct call "
+            f"{one['single_p50_ms']:.1f} ms",
+            flush=True,
+        )
+        before, before_other = common.limit_b(worker, best, args, pooling=case.pooling)
+        for n in args.short_paired_levels:
+            offset = srv.log.stat().st_size
+            p = point(n, args.short_paired_seconds)
+            alone = split.batches_alone(srv.log, offset, worker)
+            after, after_other = common.limit_b(worker, best, args, pooling=case.pooling)
+            ratio = p["ok_per_s"] / statistics.fmean((before, after))
+            over_alone = p["ok_per_s"] / alone["alone_inputs_per_s"] if alone else float("nan")
+            paired[n].append(
+                {
+                    **p,
+                    "round": rnd,
+                    "limit_b_before": before,
+                    "limit_b_after": after,
+                    "limit_other_cpu": max(before_other, after_other),
+                    "ratio": ratio,
+                    "over_alone": over_alone,
+                    **alone,
+                }
+            )
+            print(
+                f"  round {rnd}: limit (b) {before:.0f}, {n} clients {p['ok_per_s']:.0f}, "
+                f"limit (b) {after:.0f}: ratio {ratio:.2f}; its batches alone "
+                f"{alone.get('alone_inputs_per_s', float('nan')):.0f}/s (server / alone "
+                f"{over_alone:.2f}), busy {alone.get('busy', float('nan')):.0%}",
+                flush=True,
+            )
+            before, before_other = after, after_other
+    return {"closed": closed, "paired": paired, "one_client": one_client}
+
+
+def summarize(res: dict[str, Any]) -> dict[str, float]:
+    """The issue's figures: medians over rounds."""
+    out: dict[str, float] = {}
+    for n, points in res["paired"].items():
+        out[f"ratio_at_{n}"] = common.median(p["ratio"] for p in points)
+        out[f"over_alone_at_{n}"] = common.median(p["over_alone"] for p in points)
+        out[f"forward_slowdown_at_{n}"] = common.median(
+            p["forward_slowdown"] for p in points if "forward_slowdown" in p
+        )
+    ones = res["one_client"]
+    out["one_client_p50_ms"] = common.median(p["p50_ms"] for p in ones)
+    out["single_call_p50_ms"] = common.median(p["single_p50_ms"] for p in ones)
+    out["one_client_target_ms"] = p50_target_ms(out["single_call_p50_ms"])
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    inp = result["inputs"]
+    lines = [
+        f"Short inputs: {inp['n']} inputs, {inp['tokens_mean']:.1f} tokens mean "
+        f"({inp['tokens_min']}-{inp['tokens_max']}), one per request, wrk closed loop.",
+        "",
+    ]
+    for name, res in result["cases"].items():
+        lines += _case_table(name, res)
+    return "\n".join(lines)
+
+
+def _case_table(name: str, res: dict[str, Any]) -> list[str]:
+    lim = res["limit"]
+    sizes = lim["by_batch_size"]
+    lines = [
+        f"### {name}: {res.get('task')}, answers {res['answer']}",
+        "",
+        "| limit (b) batch size | " + " | ".join(str(b) for b in sizes) + " |",
+        "| --- |" + " --- |" * len(sizes),
+        "| inputs/s | " + " | ".join(f"{v:.1f}" for v in sizes.values()) + " |",
+        "| other processes' CPU | "
+        + " | ".join(f"{v:.0%}" for v in lim.get("other_cpu_by_batch_size", {}).values())
+        + " |",
+        "",
+    ]
+    if "pooling_cost" in lim:
+        cost = lim["pooling"]
+        lines += [
+            f"Mean pooling (timed alone, at the best batch size): {cost['pool_ms_per_input']:.4f}"
+            f" ms per input against {cost['model_ms_per_input']:.2f} ms for tokenizer + model "
+            f"({lim['pooling_cost']:.2%}).",
+            "",
+        ]
+    lines += [
+        f"| clients | inputs/s | p50 ms | p95 ms | p99 ms | non-200 | {common.CPU_HEAD} |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for n, p in res["closed"].items():
+        lines.append(
+            f"| {n} | {p['ok_per_s']:.1f} | {common.ms(p['p50_ms'])} | {common.ms(p['p95_ms'])} "
+            f"| {common.ms(p['p99_ms'])} | {p['requests'] - _ok(p)} | {common.cpu_cells(p)} |"
+        )
+    lines += [
+        "",
+        "| round | clients | limit (b) before | server | limit (b) after | ratio | batches alone "
+        "| server / alone | forward under load | busy | loop ms/req | other CPU (server, limit) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for n, points in res["paired"].items():
+        for p in points:
+            lines.append(
+                f"| {p['round']} | {n} | {p['limit_b_before']:.1f} | {p['ok_per_s']:.1f} | "
+                f"{p['limit_b_after']:.1f} | {p['ratio']:.2f} | "
+                f"{common.ms(p.get('alone_inputs_per_s'))} | {p['over_alone']:.2f} | "
+                f"{p.get('forward_slowdown', float('nan')):.2f}x | {p.get('busy', 0):.0%} | "
+                f"{p['loop_ms_per_request']:.2f} | {p['other_cpu']:.0%}, "
+                f"{p.get('limit_other_cpu', float('nan')):.0%} |"
+            )
+    s = res["summary"]
+    lines += [""]
+    for n, target in TARGETS.items():
+        if f"ratio_at_{n}" in s:
+            lines.append(
+                f"- {n} clients: throughput / limit (b) {s[f'ratio_at_{n}']:.2f} (target "
+                f">= {target}); server / its batches alone {s[f'over_alone_at_{n}']:.2f} "
+                f"(target >= {ALONE_TARGET})"
+            )
+    lines += [
+        f"- one client p50 {s['one_client_p50_ms']:.1f} ms against a direct call's "
+        f"{s['single_call_p50_ms']:.1f} ms (goal 1.1x + 2 ms: {s['one_client_target_ms']:.1f})",
+        "",
+    ]
+    return lines
+
+
+def _ok(point: dict[str, Any]) -> int:
+    statuses = point.get("statuses") or {}
+    if statuses:
+        return int(sum(v for k, v in statuses.items() if int(k) == 200))
+    return int(point["requests"] - point["errors"]["status"])

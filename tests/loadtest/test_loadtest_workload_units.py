@@ -1,0 +1,270 @@
+"""The workloads' parts without a server: short inputs, /proc readings, py-spy's raw format, the
+bench models, and the tables each workload prints from a result."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import corpus, proc, pyspy, servers
+from loadtest.workloads import ORDER, WORKLOADS, burst, cpu_split, memory, short_inputs, storm
+
+
+def test_short_inputs_are_8_to_100_tokens_about_42_mean(embedded_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(embedded_model))
+    texts = corpus.short_inputs(2000)
+    assert texts == corpus.short_inputs(2000) and texts != corpus.short_inputs(2000, seed=1)
+    lengths = [len(ids) for ids in tok(texts)["input_ids"]]
+    assert min(lengths) >= 8 and max(lengths) <= 100
+    assert 40 <= statistics.fmean(lengths) <= 44
+    assert len(set(texts)) > 400  # the corpus is small, but cut points vary
+    assert sum(n < 20 for n in lengths) > 100 and sum(n > 70 for n in lengths) > 50  # spread
+    assert corpus.inputs("short", 5) == texts[:5] and corpus.inputs("mixed", 3)
+    with pytest.raises(ValueError, match="unknown input set"):
+        corpus.inputs("long", 1)
+
+
+def test_cpu_window_charges_a_named_thread_and_samples_the_loop() -> None:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    busy = threading.Thread(target=spin, name="busy")
+    busy.start()
+    try:
+        window = proc.CpuWindow(os.getpid(), {busy.native_id or 0: "inference"})
+        window.start()
+        time.sleep(0.3)
+        split = window.stop()
+    finally:
+        stop.set()
+        busy.join()
+    assert split.wall_s >= 0.3 and split.cpu_s["inference"] > 0.1
+    assert set(split.cpu_s) <= {"loop", "inference", "other"}
+    assert sum(split.loop_states.values()) == pytest.approx(1.0)  # this thread slept: "other"
+    summary = split.summary(requests=10, inputs=5)
+    assert summary["inference_ms_per_input"] > 20 and summary["inference_cores"] > 0.3
+
+
+def test_roles_and_syscall_states() -> None:
+    pid = os.getpid()
+    here = threading.get_native_id()
+    roles = proc.roles(pid, {here: "inference"} if here != pid else {})
+    assert roles[pid] == "loop"
+    assert [proc.classify(s) for s in ("running", "202", "281", "0")] == [
+        "running",
+        "futex",
+        "epoll",
+        "other",
+    ]
+    assert proc.rss_bytes(pid) > 10 * 2**20
+
+
+RAW = """\
+thread (101): MainThread;Runner.run (asyncio/runners.py:118);Protocol.data_received (h11.py:20) 7
+thread (101): MainThread;Runner.run (asyncio/runners.py:118);json_response (routes.py:30) 3
+thread (102): inference;Batcher._run (service/batcher.py:240);Engine.run (model.py:180);\
+Module._call_impl (torch/nn/modules/module.py:1789);Linear.forward (torch/nn/linear.py:134) 20
+thread (102): inference;Batcher._run (service/batcher.py:240);Engine.prepare (model.py:120) 5
+not a stack line
+"""
+
+
+def test_pyspy_raw_parses_and_adds_up() -> None:
+    stacks = pyspy.parse_raw(RAW)
+    assert len(stacks) == 4 and stacks[0].tid == 101 and stacks[2].count == 20
+    assert pyspy.per_thread(stacks) == {"MainThread": 10, "inference": 25}
+    top, n = pyspy.top(stacks, "MainThread", 5)
+    assert n == 10 and top[0] == ("Protocol.data_received (h11.py)", 0.7)
+    incl, _ = pyspy.top(stacks, "MainThread", 3, inclusive=True)  # Runner.run: on every stack
+    assert incl == [("Protocol.data_received (h11.py)", 0.7), ("json_response (routes.py)", 0.3)]
+    outside, n = pyspy.top(stacks, "inference", 5, skip=pyspy.outside_forward)
+    assert n == 5 and outside == [("Engine.prepare (model.py)", 1.0)]
+    waiting = pyspy.parse_raw(
+        "thread (102): inference;Batcher._step (b.py:1);WorkQueue.take_new (q.py:91);"
+        "Condition.wait (threading.py:331);PyThread_acquire_lock_timed (libpython3.11.so) 9\n"
+        "thread (101): MainThread;Runner.run (runners.py:118);uv__io_poll (linux.c:1);"
+        "epoll_wait (libc.so.6) 4"
+    )
+    assert all(pyspy.idle(stack) for stack in waiting) and not any(map(pyspy.idle, stacks))
+    assert cpu_split.gil_shares(stacks, seconds=1.0) == {"MainThread": 0.1, "inference": 0.25}
+
+
+def test_pyspy_command_line() -> None:
+    cmd = pyspy.record_command(42, 5, Path("/tmp/x.txt"), gil=True)
+    assert cmd[1:3] == ["record", "--pid"] and "--gil" in cmd and "--nonblocking" in cmd
+    assert cmd[cmd.index("--format") + 1] == "raw"
+    native = pyspy.record_command(42, 5, Path("/tmp/x.txt"), native=True)
+    assert "--native" in native and "--nonblocking" not in native  # py-spy refuses both
+
+
+def test_parse_env() -> None:
+    assert servers.parse_env(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        servers.parse_env(["novalue"])
+
+
+def test_rss_growth_reads_half_time_and_end() -> None:
+    mb = 2**20
+    samples = [(0.0, 500 * mb), (30.0, 600 * mb), (60.0, 610 * mb), (119.0, 630 * mb)]
+    got = memory.growth(samples, 120)
+    assert got["rss_half_mb"] == 610 and got["rss_end_mb"] == 630
+    assert got["growth"] == pytest.approx(630 / 610 - 1)
+
+
+def test_storm_input_is_three_sentences() -> None:
+    text = storm.storm_input()
+    assert text.startswith("Four score") and text.count(". ") == 2
+
+
+def test_bench_knows_every_workload_and_parses_only() -> None:
+    from loadtest.bench import parse_args
+
+    assert ORDER[0] == "mixed" and set(ORDER) == set(WORKLOADS)
+    args = parse_args(["--only", "storm,burst", "--quick", "--ab", "X=1"])
+    assert args.only == ["storm", "burst"] and args.storm_rounds == 2 and args.burst_count == 4
+    mixed = parse_args(["--only", "mixed", "--results", "/tmp/r"])
+    assert mixed.out == Path("/tmp/r/bench.json") and mixed.levels == [1, 4, 16, 32, 64]
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nope"])
+
+
+def _point(**extra: Any) -> dict[str, Any]:
+    return {
+        "ok_per_s": 100.0,
+        "requests": 500,
+        "p50_ms": 10.0,
+        "p95_ms": 20.0,
+        "p99_ms": 30.0,
+        "statuses": {},
+        "errors": {"status": 0},
+        "loop_ms_per_request": 1.25,
+        "inference_ms_per_input": 3.5,
+        "other_ms_per_input": 2.0,
+        "loop_futex_share": 0.02,
+        "other_cpu": 0.01,
+        **extra,
+    }
+
+
+def test_short_inputs_summary_and_table() -> None:
+    paired = {
+        32: [
+            _point(round=r, ratio=x, over_alone=y, limit_b_before=120.0, limit_b_after=125.0)
+            for r, x, y in ((1, 0.7, 0.9), (2, 0.8, 0.95), (3, 0.75, 1.0))
+        ]
+    }
+    res: dict[str, Any] = {
+        "task": "text-classification",
+        "answer": "labels",
+        "limit": {"by_batch_size": {16: 120.0, 32: 130.0}, "best_batch_size": 32, "best": 130.0},
+        "closed": {1: _point(), 32: _point()},
+        "paired": paired,
+        "one_client": [{"p50_ms": 9.0, "single_p50_ms": 7.0}],
+    }
+    res["summary"] = short_inputs.summarize(res)
+    assert res["summary"]["ratio_at_32"] == 0.75 and res["summary"]["over_alone_at_32"] == 0.95
+    text = short_inputs.table(
+        {
+            "inputs": {"n": 10, "tokens_mean": 42.0, "tokens_min": 8, "tokens_max": 99},
+            "cases": {"classification": res},
+        }
+    )
+    assert "throughput / limit (b) 0.75 (target >= 0.78)" in text
+    assert "| 32 | 100.0 | 10.0 | 20.0 | 30.0 | 0 | 1.25 | 3.50 | 2.00 | 2% | 1% |" in text
+
+
+def test_burst_and_storm_tables() -> None:
+    lat = {"p50_ms": 5.0, "p95_ms": 9.0, "p99_ms": 12.0}
+    text = burst.table(
+        {
+            "size": 160,
+            "count": 2,
+            "floor": lat,
+            "shed": {**lat, "p95_ms": 15.0},
+            "livez": lat,
+            "floor_n": 320,
+            "shed_n": 300,
+            "livez_n": 16,
+            "post_statuses": {503: 300, 200: 20},
+            "shed_p95_over_floor_ms": 6.0,
+            "livez_p95_over_floor_ms": 0.0,
+        }
+    )
+    assert "| sheds (503) in the burst | 300 | 5.0 | 15.0 | 12.0 | 6.0 | <= 10 |" in text
+    rnd = _point(
+        config="A",
+        round=1,
+        capacity_per_s=50.0,
+        goodput_over_capacity=0.1,
+        shed_per_s=900.0,
+        expired_per_s=2.0,
+        loop_cores=0.4,
+        polite={"statuses": {503: 3}, "shed": lat, "ok": lat},
+        capacity={"statuses": {"503": 4, "200": 90}, "other_cpu": 0.05},
+    )
+    text = storm.table(
+        {
+            "args": {"storm_clients": "256", "storm_seconds": "20"},
+            "configs": {"A": {"Q": "1"}},
+            "rounds": [rnd],
+        }
+    )
+    assert "| A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 |" in text
+    assert text.splitlines()[4].endswith("| 4 | 5%, 1% |")
+
+
+def test_bench_models_are_built_once_and_load_as_the_server_would(tmp_path: Path) -> None:
+    import json
+
+    from loadtest import models
+    from service.loading import infer_task
+    from service.settings import Settings
+
+    folder = models.minilm_classifier(tmp_path / "clf")
+    weights = folder / "model.safetensors"
+    built = weights.stat().st_mtime_ns
+    assert models.minilm_classifier(tmp_path / "clf") == folder
+    assert weights.stat().st_mtime_ns == built  # the recipe matched: not built again
+    assert infer_task(str(folder), Settings(model_id=str(folder))) == "text-classification"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {"0": "NEGATIVE", "1": "POSITIVE"}
+    nli = json.loads((models.minilm_nli(tmp_path / "nli") / "config.json").read_text())
+    assert nli["label2id"] == {"entailment": 0, "neutral": 1, "contradiction": 2}
+
+
+def test_mean_pool_ignores_pad_rows() -> None:
+    import torch
+
+    from loadtest.limit import mean_pool
+
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
+    pooled = mean_pool(hidden, torch.tensor([[1, 1, 0]]))
+    assert pooled.tolist() == [[2.0, 3.0]]
+
+
+def test_limit_worker_replays_a_classifier_on_short_inputs(tmp_path: Path) -> None:
+    from loadtest import models
+    from loadtest.limit import LimitWorker
+    from loadtest.servers import REPO_ROOT
+
+    folder = models.minilm_classifier()  # the bench's own, built once under results/
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = LimitWorker(16, REPO_ROOT, log, input_set="short", model_id=str(folder))
+        try:
+            rate = worker.ask(op="b", batch_size=8)["inputs_per_s"]
+            small = worker.ask(op="replay", shapes=[[1, 8]])["seconds"]
+            large = worker.ask(op="replay", shapes=[[16, 64], [16, 64]])["seconds"]
+        finally:
+            worker.close()
+    assert 0 < rate < 100_000 and 0 < small < large

@@ -1,0 +1,45 @@
+"""Bounded runs of the new workloads against the real server (each under about 30 s): they
+start, measure, and return the figures their tables print. Not a measurement."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench import parse_args
+from loadtest.workloads import burst, memory, storm
+
+pytestmark = [
+    pytest.mark.loadtest,
+    pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk: apt-get install wrk"),
+]
+
+
+def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
+    return parse_args(["--quick", "--retries", "0", "--results", str(tmp_path), *extra])
+
+
+def test_burst_sheds_and_probes(tmp_path: Path) -> None:
+    res = burst.run(_args(tmp_path, "--only", "burst", "--burst-count", "1"))
+    assert res["floor_n"] == burst.SIZE and res["livez_n"] == burst.PROBES
+    assert res["shed_n"] > burst.SIZE // 2  # queue of 8: nearly all of them
+    assert res["shed"]["p50_ms"] > 0 and "| sheds (503) in the burst |" in burst.table(res)
+
+
+def test_storm_counts_goodput_and_sheds(tmp_path: Path) -> None:
+    res = storm.run(_args(tmp_path, "--only", "storm", "--storm-seconds", "2"))
+    (rnd,) = res["rounds"]
+    assert rnd["capacity_per_s"] > 0 and rnd["shed_per_s"] > 0
+    assert rnd["statuses"] and set(rnd["polite"]["statuses"]) <= {200, 503, 504}
+    assert "loop_ms_per_request" in rnd
+
+
+def test_memory_samples_rss(tmp_path: Path) -> None:
+    args = _args(tmp_path, "--only", "memory", "--minutes", "0.1", "--memory-interval", "2")
+    args.memory_phases = ["storm"]
+    res = memory.run(args)
+    phase = res["phases"]["storm"]
+    assert len(phase["series"]) >= 3 and phase["rss_end_mb"] > 100
