@@ -280,7 +280,9 @@ async def bench_server(
 ) -> dict[str, Any]:
     """Every measurement against the real server, in one server process; ``worker`` measures
     the limit in turn with it (:func:`paired`)."""
-    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
+    # Token rows (POOLING=none): the workload as it was before pooled answers, so its figures
+    # stay comparable run to run; `pooled_levels` measures the default pooled answers beside it.
+    env = {**os.environ, "POOLING": "none", **dict(kv.split("=", 1) for kv in args.env)}
     port = servers.free_port()
     log_path = args.out.with_name("bench-server.log")
     log = log_path.open("wb")
@@ -353,6 +355,26 @@ async def overload(
     return out
 
 
+async def pooled_levels(args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
+    """The default server (pooled sentence embeddings) at the same closed-loop levels, on the
+    same inputs sent as JSON with `truncate` (its limit is the model's max_seq_length, 256)."""
+    body = [
+        client.Request(
+            "POST",
+            "/",
+            json.dumps({"inputs": t, "truncate": True}).encode(),
+            (("Content-Type", "application/json"),),
+        )
+        for t in texts
+    ]
+    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
+    port = servers.free_port()
+    with servers.running(servers.pipeline_server_command(), port, env) as base:
+        await client.closed_loop(base, body, 4, 2.0, warmup_s=0)
+        print("pipeline-server, pooled embeddings (the default answer):", flush=True)
+        return {"closed": await closed_levels(base, body, args.levels, args.seconds, args)}
+
+
 async def bench_baseline(args: argparse.Namespace, reqs: list[client.Request]) -> dict[str, Any]:
     """The seed server at the same levels (it loads the model while blocking its own loop)."""
     port = servers.free_port()
@@ -374,13 +396,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reqs = [client.raw_text(text) for text in mixed_inputs(args.inputs)]
     result: dict[str, Any] = {"limit": limit}
     with args.out.with_name("bench-limit-worker.log").open("wb") as worker_log:
-        worker = limit_mod.LimitWorker(args.inputs, servers.REPO_ROOT, worker_log)
+        worker = limit_mod.LimitWorker(
+            args.inputs, servers.REPO_ROOT, worker_log, env={"POOLING": "none"}
+        )  # its replay runs the token-row server's engine
         try:
             result["server"] = client.run(
                 bench_server(args, reqs, worker, int(limit["limit_b_batch_size"]))
             )
         finally:
             worker.close()
+    if not args.server_cmd:
+        result["pooled"] = client.run(pooled_levels(args, mixed_inputs(args.inputs)))
     if not args.no_baseline:
         result["baseline"] = client.run(bench_baseline(args, reqs))
     result["ratios"] = report.ratios(result)
@@ -388,8 +414,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The Markdown tables and ratios (``loadtest.report``)."""
-    return report.table(result)
+    """The Markdown tables and ratios (``loadtest.report``), and the pooled answers beside the
+    token rows at the same levels."""
+    text = report.table(result)
+    pooled = result.get("pooled", {}).get("closed")
+    if not pooled:
+        return text
+    rows = result["server"]["closed"]
+    lines = [
+        "",
+        "Token rows (POOLING=none) beside pooled embeddings (the default), same inputs:",
+        "",
+        "| clients | token rows inputs/s | pooled inputs/s | token rows p50 ms | pooled p50 ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for n, point in pooled.items():
+        row = rows.get(n, {})
+        lines.append(
+            f"| {n} | {row.get('inputs_per_s', 0):.1f} | {point['inputs_per_s']:.1f} | "
+            f"{row.get('p50_ms', 0):.1f} | {point['p50_ms']:.1f} |"
+        )
+    return text + "\n".join(lines) + "\n"
 
 
 def extras(result: dict[str, Any], args: argparse.Namespace) -> list[Path]:

@@ -25,7 +25,7 @@ import argparse
 import json
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,15 @@ class Case:
     body: Callable[[str], bytes] = common.json_body
     path: str = "/"
     pooling: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # the server's, on top of --env
 
 
 CASES = {
-    "embeddings": Case("embeddings", limit_mod.default_model, "token rows"),
-    # Pooled embeddings, once the server answers them, is this one line instead, e.g.:
-    # Case("embeddings", limit_mod.default_model, "pooled", body=<pooled body>, pooling="mean"),
+    # The default model answers pooled sentence embeddings (mean, normalized): limit (b) pools too.
+    "embeddings": Case("embeddings", limit_mod.default_model, "pooled embeddings", pooling="mean"),
+    "token-rows": Case(
+        "token-rows", limit_mod.default_model, "token rows (POOLING=none)", env={"POOLING": "none"}
+    ),
     "classification": Case(
         "classification", lambda: str(models.minilm_classifier()), "labels (text-classification)"
     ),
@@ -63,7 +66,11 @@ CASES = {
 
 
 def add_arguments(p: argparse._ArgumentGroup) -> None:
-    p.add_argument("--short-cases", default=",".join(CASES), help="cases to run")
+    p.add_argument(
+        "--short-cases",
+        default="embeddings,classification",
+        help=f"cases to run ({', '.join(CASES)})",
+    )
     p.add_argument("--short-inputs", type=int, help="short inputs (default 2000, quick 500)")
     p.add_argument("--short-levels", help="wrk connections (default 1,8,32,128)")
     p.add_argument("--short-paired-levels", default="32,128", help="paired levels")
@@ -122,7 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def run_case(case: Case, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """The limit sweep, then the server's levels and paired rounds (module docstring)."""
     model = case.model()
-    env = common.server_env(args, MODEL_ID=model)
+    env = common.server_env(args, MODEL_ID=model, **case.env)
     log = args.results / f"{NAME}-{case.name}-limit-worker.log"
     with log.open("wb") as worker_log:
         worker = limit_mod.LimitWorker(
