@@ -12,7 +12,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import math
-import os
 import re
 import signal
 import threading
@@ -77,10 +76,6 @@ class Runtime:
         loop = asyncio.get_running_loop()
         self._drain_over = loop.create_future()
         self.batcher.start()
-        if self.settings.loop_nice:
-            # After the inference thread started (a thread inherits its creator's nice value):
-            # under load the model's threads then win the CPU over HTTP work (README, Overload).
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.settings.loop_nice)
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -55,8 +55,9 @@ class Settings(BaseSettings):
     api_key: str | None = None
     # Hold a connection that retries before its Retry-After until then (service.shed).
     shed_tarpit: bool = True
-    # Nice value of the event loop's thread (0-19): HTTP work yields the CPU to the model.
-    loop_nice: int = Field(0, ge=0, le=19)
+    # Nice value of the inference thread and torch's threads (0-19): the model yields the CPU
+    # to the event loop whenever the loop has work (answers, probes, sheds; README, Overload).
+    model_nice: int = Field(5, ge=0, le=19)
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

@@ -15,10 +15,14 @@ from loadtest import limit as limit_mod
 JSON = "application/json"
 
 
-def json_body(text: str) -> bytes:
+def json_body(text: str, *, truncate: bool = False) -> bytes:
     """``{"inputs": text}``: the Hugging Face Inference API shape, one input (no raw newline:
-    JSON escapes it, so the body fits one line of wrk's body file)."""
-    return json.dumps({"inputs": text}).encode()
+    JSON escapes it, so the body fits one line of wrk's body file); ``truncate`` adds
+    ``parameters.truncation`` (every task takes it)."""
+    doc: dict[str, object] = {"inputs": text}
+    if truncate:
+        doc["parameters"] = {"truncation": True}
+    return json.dumps(doc).encode()
 
 
 def quiet(args: argparse.Namespace) -> cpu.Quiet:
