@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,16 @@ from service.app import create_app
 from service.settings import Settings
 
 SEED_TEXT = "Paris is the [MASK] of France."
+
+
+def post_concurrently(client: TestClient, bodies: list[dict[str, Any]]) -> list[Any]:
+    """POST / each JSON body at once (a thread each, so they can meet in batches); every answer
+    must be 200; their JSON in order."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda b: client.post("/", json=b), bodies))
+    for r in responses:
+        assert r.status_code == 200, r.text
+    return [r.json() for r in responses]
 
 
 def wait_ready(get: Callable[[str], Any], timeout: float = 60) -> None:

@@ -8,15 +8,13 @@ not only the order of labels.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import app_client
+from helpers import app_client, post_concurrently
 from prometheus_client import REGISTRY
-from starlette.testclient import TestClient
 
 TEXTS = [
     "Paris is the [MASK] of France.",
@@ -35,14 +33,6 @@ def _batches_over_one() -> float:
     total = REGISTRY.get_sample_value("pipeline_server_batch_size_count") or 0.0
     ones = REGISTRY.get_sample_value("pipeline_server_batch_size_bucket", {"le": "1.0"}) or 0.0
     return total - ones
-
-
-def _concurrently(client: TestClient, bodies: list[dict[str, Any]]) -> list[Any]:
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        responses = list(pool.map(lambda b: client.post("/", json=b), bodies))
-    for r in responses:
-        assert r.status_code == 200, r.text
-    return [r.json() for r in responses]
 
 
 def _close(a: Any, b: Any) -> None:
@@ -91,7 +81,7 @@ def test_batched_answers_equal_single_calls(
     before = _batches_over_one()
     with app_client(tiny_models[task], max_batch_wait_ms=100) as client:
         bodies = [{"inputs": t, "parameters": params} for t in texts]
-        answers = _concurrently(client, bodies)
+        answers = post_concurrently(client, bodies)
     assert _batches_over_one() > before, "no batch larger than 1 formed"
     for text, answer in zip(texts, answers, strict=True):
         if task == "text-classification":  # one list of labels per input; all unless top_k
@@ -111,7 +101,7 @@ def test_feature_extraction_batched_equals_single(embedded_model: Path) -> None:
     reference = SentenceTransformer(str(embedded_model), device="cpu").encode(texts)
     before = _batches_over_one()
     with app_client(embedded_model, max_batch_wait_ms=100) as client:
-        answers = _concurrently(client, [{"inputs": t} for t in texts])
+        answers = post_concurrently(client, [{"inputs": t} for t in texts])
         listed = client.post("/", json={"inputs": texts}).json()
     assert _batches_over_one() > before
     for answer, in_list, expected in zip(answers, listed, reference, strict=True):
@@ -128,7 +118,7 @@ def test_token_rows_batched_equal_single_pipeline_calls(embedded_model: Path) ->
     direct = pipeline("feature-extraction", model=str(embedded_model))
     before = _batches_over_one()
     with app_client(embedded_model, max_batch_wait_ms=100, pooling="none") as client:
-        answers = _concurrently(client, [{"inputs": t} for t in texts])
+        answers = post_concurrently(client, [{"inputs": t} for t in texts])
         listed = client.post("/", json={"inputs": texts}).json()
     assert _batches_over_one() > before
     for text, answer, in_list in zip(texts, answers, listed, strict=True):

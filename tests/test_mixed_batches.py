@@ -9,15 +9,13 @@ that they did.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import app_client
+from helpers import app_client, post_concurrently
 from prometheus_client import REGISTRY
-from starlette.testclient import TestClient
 
 WORDS = "the river runs past the old city and the big bridge on a sunny monday".split()  # noqa: SIM905
 
@@ -31,14 +29,6 @@ def _batched_units() -> float:
     total = REGISTRY.get_sample_value("pipeline_server_batch_size_sum") or 0.0
     ones = REGISTRY.get_sample_value("pipeline_server_batch_size_bucket", {"le": "1.0"}) or 0.0
     return total - ones
-
-
-def _all_at_once(client: TestClient, bodies: list[dict[str, Any]]) -> list[Any]:
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        responses = list(pool.map(lambda b: client.post("/", json=b), bodies))
-    for r in responses:
-        assert r.status_code == 200, r.text
-    return [r.json() for r in responses]
 
 
 def _close(a: Any, b: Any) -> None:
@@ -81,7 +71,7 @@ def test_mixed_embedding_requests_each_get_their_own_answer(embedded_model: Path
     with app_client(embedded_model, max_batch_wait_ms=50) as client:
         alone = [client.post("/", json=b).json() for b in bodies]
         before = _batched_units()
-        together = _all_at_once(client, bodies)
+        together = post_concurrently(client, bodies)
         assert _batched_units() - before >= 16  # most of them ran in shared batches
     for body, single, mixed in zip(bodies, alone, together, strict=True):
         _close(mixed, single)
@@ -104,7 +94,7 @@ def test_mixed_zero_shot_requests_each_get_their_own_answer(
     with app_client(tiny_models["zero-shot-classification"], max_batch_wait_ms=50) as client:
         alone = [client.post("/", json=b).json() for b in bodies]
         before = _batched_units()
-        together = _all_at_once(client, bodies)
+        together = post_concurrently(client, bodies)
         assert _batched_units() - before >= 32  # label pairs of different requests met
     for body, single, mixed in zip(bodies, alone, together, strict=True):
         assert [x["label"] for x in mixed] and len(mixed) == len(
