@@ -51,8 +51,9 @@ open('/tmp/requirements-nodeps.txt', 'w').write('\n'.join(nodeps))" \
  && pip install --no-deps --constraint constraints.txt --requirement /tmp/requirements-nodeps.txt
 COPY README.md ./
 COPY service/ service/
+# The import check runs isolated (-I): from the installed package, not from /src/service.
 RUN pip install --no-deps --constraint constraints.txt . \
- && python -c "import service.app, service.cli"
+ && python -I -c "import service.app, service.cli, service.protocols.serving"
 COPY scripts/bake_model.py /tmp/bake_model.py
 RUN python /tmp/bake_model.py "${MODEL}" /models/model --revision "${MODEL_REVISION}"
 

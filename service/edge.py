@@ -6,7 +6,8 @@
 - Each head has a deadline (REQUEST_HEAD_TIMEOUT_S, else 408), from the accept or from the next
   request's first byte: a connection that sends nothing, or a slow head, is closed. Idle
   keep-alive connections keep uvicorn's own timeout (gunicorn `keepalive`).
-- Open connections are bounded (MAX_CONNECTIONS): one more is answered 503 at once and closed,
+- Open connections are bounded (MAX_CONNECTIONS): at the bound an idle keep-alive connection
+  is closed to make room; when none is idle, one more is answered 503 at once and closed,
   without reading it; an answer tells a client or a load balancer why, where a bare close
   looks like a network fault.
 - What llhttp accepts and RFC 9112 or h11 (the parser used before) refuse: no Host or two in
@@ -34,7 +35,7 @@ from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.server import ServerState
 
 from service.framing import Framer, Step
-from service.refusals import Refusal, answer, record
+from service.refusals import Refusal, answer, record, throttled
 from service.settings import Settings, load_settings
 
 log = structlog.get_logger("service.edge")
@@ -80,7 +81,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._head_ended = self._message_ended = False  # llhttp's view, per fed part
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self._max_connections:
+        if len(self.connections) >= self._max_connections and not self._close_an_idle_one():
             self.transport = transport
             self.client = get_remote_addr(transport)
             self._refusal = Refusal(503, "connection_limit", "too many open connections")
@@ -90,6 +91,18 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         super().connection_made(transport)
         self._head_began()
+
+    def _close_an_idle_one(self) -> bool:
+        """At the bound, close one idle keep-alive connection (between requests, waiting for
+        uvicorn's keep-alive timeout) to make room, as nginx reuses its idle connections: a
+        flood of idle connections then cannot lock out new clients, the kubelet's probes
+        included. False when every connection is busy with a request (then this one is
+        refused)."""
+        for other in self.connections:
+            if isinstance(other, HttpToolsProtocol) and other.timeout_keep_alive_task is not None:
+                other.timeout_keep_alive_handler()  # uvicorn's own close of an idle connection
+                return True
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
@@ -120,7 +133,14 @@ class EdgeProtocol(HttpToolsProtocol):
             if ended_head and self._head_ended:
                 step = self._framer.start_body(*self._body)
             if (self._head_ended, self._message_ended) != (ended_head, step is Step.MESSAGE_END):
-                log.error("framing_disagreement", step=step.name, llhttp_ended=self._message_ended)
+                left_out = throttled("framing_disagreement")
+                if left_out is not None:  # at most one line a second: clients can cause it
+                    log.error(
+                        "framing_disagreement",
+                        step=step.name,
+                        llhttp_ended=self._message_ended,
+                        unlogged_before=left_out,
+                    )
                 self._refuse(Refusal(400, "bad_request", "unclear request framing"), in_head)
                 return
             if step is Step.MESSAGE_END and not self.cycle.keep_alive:
@@ -140,9 +160,13 @@ class EdgeProtocol(HttpToolsProtocol):
             return False
         except httptools.HttpParserError as exc:
             cause = exc.__context__
-            if not isinstance(cause, Refusal):
+            if isinstance(cause, httptools.HttpParserInvalidURLError):  # uvicorn's on_url
+                cause = Refusal(400, "bad_request", "invalid request target (the URL)")
+            elif not isinstance(cause, Refusal):
                 if isinstance(cause, Exception):  # a callback failed: a bug, not the client
-                    log.error("http_callback_error", exc_info=cause)
+                    left_out = throttled("http_callback_error")
+                    if left_out is not None:  # at most once a second: clients can cause it
+                        log.error("http_callback_error", exc_info=cause, unlogged_before=left_out)
                 cause = Refusal(400, "bad_request", f"invalid HTTP request: {exc}")
             self._refuse(cause, in_head)
             return False
@@ -172,7 +196,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if coding is not None and version == "1.0":
             raise Refusal(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request")
         if coding is not None and coding != b"chunked":  # llhttp: chunked is the last one
-            raise Refusal(501, "bad_request", "only Transfer-Encoding: chunked is supported")
+            raise Refusal(501, "not_implemented", "only Transfer-Encoding: chunked is supported")
 
     def on_message_complete(self) -> None:
         self._message_ended = True

@@ -101,7 +101,8 @@ class EncoderEngine:
         if len(ids) > limit:
             raise InvalidInput(
                 f"input is {len(ids)} tokens; this model takes at most {limit} tokens "
-                "(shorten it, or ask for truncation to cut it)"
+                "(shorten it, or ask for truncation: `truncate` or `parameters.truncation` "
+                "where the route takes them, or TRUNCATE=true on the server)"
             )
         types = list(enc["token_type_ids"]) if self.types else None
         return Encoded(ids=ids, type_ids=types, prompt_tokens=self._prompt_length(unit))

@@ -122,6 +122,12 @@ def load_engine(settings: Settings) -> Engine:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a progress bar is not a log line
+    # transformers gives its loggers a plain-text handler of its own when first used (after
+    # our logging setup): route them to ours instead, errors only (its warnings quote inputs,
+    # e.g. fill-mask targets not in the vocabulary).
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
     threads = settings.torch_num_threads or default_torch_threads()
     torch.set_num_threads(threads)
     # One inference thread: inter-op pools would only compete with the intra-op threads.
@@ -219,7 +225,18 @@ def _model_info(
         entailment_id=entailment if kind == "classifier" else -1,
         prompts=MappingProxyType(dict(sentence.prompts)) if sentence else MappingProxyType({}),
         default_prompt_name=sentence.default_prompt_name if sentence else None,
+        served_name=served_name(settings, model_id),
     )
+
+
+def served_name(settings: Settings, model_id: str) -> str:
+    """SERVED_MODEL_NAME, else the hub id, else a local folder's own name (never its path: an
+    install path is nothing to tell clients); the embedded default: its hub id."""
+    if settings.served_model_name:
+        return settings.served_model_name
+    if model_id == default_model_dir():
+        return EMBEDDED_MODEL_NAME
+    return Path(model_id).name if Path(model_id).is_dir() else model_id
 
 
 def _sentence_config(model_id: str, settings: Settings) -> pooling.SentenceConfig | None:

@@ -63,11 +63,13 @@ class ModelInfo:
     entailment_id: int = -1
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    served_name: str = ""  # the name answers give the model (OpenAI's `model`): no paths
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
         return {
             "model_id": self.model_id,
+            "served_name": self.served_name,
             "revision": self.revision,
             "task": self.task,
             "device": self.device,

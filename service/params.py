@@ -50,7 +50,10 @@ class SentenceSimilarityParams(Params):
 class FillMaskParams(Params):
     # Values above the vocabulary size are clamped to it by the inference thread.
     top_k: Annotated[int, Field(ge=1), INTEGRAL] | None = None
-    targets: NonBlank | Annotated[list[NonBlank], Field(min_length=1)] | None = None
+    # At most MAX_FILL_MASK_PREDICTIONS targets: each is looked up, or tokenized, per request.
+    targets: NonBlank | Annotated[list[NonBlank], Field(min_length=1, max_length=1000)] | None = (
+        None
+    )
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -77,7 +80,8 @@ class TokenClassificationParams(Params):
 class ZeroShotParams(Params):
     # A list of labels, or one string of comma-separated labels (as the pipeline takes).
     candidate_labels: list[str] | str
-    hypothesis_template: str = "This example is {}."
+    # `{}` (or `{0}`) where the label goes, no other braces (`service.protocols.hf.hypothesis`).
+    hypothesis_template: str = Field("This example is {}.", max_length=1000)
     multi_label: bool = False
 
 

@@ -16,7 +16,7 @@ from service import metrics
 
 log = structlog.get_logger("service.edge")
 
-REASONS = ("head_too_large", "head_timeout", "connection_limit", "bad_request")
+REASONS = ("head_too_large", "head_timeout", "connection_limit", "bad_request", "not_implemented")
 _LOG_EVERY_S = 1.0
 _last_logged: dict[str, float] = {}
 _unlogged: Counter[str] = Counter()
@@ -51,19 +51,28 @@ def record(refusal: Refusal, client: Any) -> None:
     """Count the refusal; log it unless its reason was logged within the last second: the next
     line says how many were left out."""
     metrics.HTTP_REFUSED.labels(refusal.reason).inc()
-    now = time.monotonic()
-    if now - _last_logged.get(refusal.reason, float("-inf")) < _LOG_EVERY_S:
-        _unlogged[refusal.reason] += 1
+    left_out = throttled(refusal.reason)
+    if left_out is None:
         return
-    _last_logged[refusal.reason] = now
     log.warning(
         "http_refused",
         reason=refusal.reason,
         status=refusal.status,
         error=refusal.message,
         client=client[0] if client else None,
-        unlogged_before=_unlogged.pop(refusal.reason, 0),
+        unlogged_before=left_out,
     )
+
+
+def throttled(key: str) -> int | None:
+    """None when a line for `key` was logged within the last second (it is counted instead);
+    else how many were left out since the last one, and the clock restarts."""
+    now = time.monotonic()
+    if now - _last_logged.get(key, float("-inf")) < _LOG_EVERY_S:
+        _unlogged[key] += 1
+        return None
+    _last_logged[key] = now
+    return _unlogged.pop(key, 0)
 
 
 for _reason in REASONS:

@@ -198,11 +198,15 @@ class Runtime:
         except ClientDisconnect:
             raise ClientGone() from None
         except TimeoutError:
+            # The body is still arriving: the answer closes the connection (its rest unread).
             if self._drain_ends_at is not None and self._drain_ends_at <= deadline:
-                raise Draining("drain time is over", retry_after_s=_LOADING_RETRY_S) from None
+                draining = Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+                draining.headers["Connection"] = "close"
+                raise draining from None
             metrics.EXPIRED.labels("receiving").inc()
             raise DeadlineExceeded(
-                "the request deadline passed while its body was still arriving"
+                "the request deadline passed while its body was still arriving",
+                headers={"Connection": "close"},
             ) from None
 
     def submit(self, units: Sequence[Unit], deadline: float) -> list[Item]:

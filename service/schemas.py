@@ -23,6 +23,9 @@ _RAW_TYPES = {"text/plain", "application/x-www-form-urlencoded", "application/oc
 _UTF8 = {"utf-8", "utf8", "us-ascii", "ascii"}
 
 M = TypeVar("M", bound=BaseModel)
+# A body refused before it was read whole: close the connection after the answer, so the rest
+# of it is never read (keeping the connection would mean reading what was refused).
+_CLOSE = {"Connection": "close"}
 
 # -- field types shared by the request models --------------------------------------------------
 # The `x-*` keys mark where the OpenAPI document (`service.openapi`) fills in this deployment's
@@ -66,13 +69,16 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BadRequest("Content-Length is not a number")
         if int(declared) > limit:
             raise PayloadTooLarge(
-                f"body is {declared} bytes; the limit is {limit} (MAX_BODY_BYTES)"
+                f"body is {declared} bytes; the limit is {limit} (MAX_BODY_BYTES)",
+                headers=_CLOSE,
             )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)")
+            raise PayloadTooLarge(
+                f"body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)", headers=_CLOSE
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -123,8 +129,8 @@ def _message(model: type[BaseModel], exc: ValidationError, what: str) -> str:
     errors = exc.errors()
     extra = [e for e in errors if e["type"] == "extra_forbidden"]
     if extra:
-        where = extra[0]["loc"][:-1]
-        names = sorted(str(e["loc"][-1]) for e in extra if e["loc"][:-1] == where)
+        where = tuple(_clean(extra[0]["loc"][:-1]))
+        names = sorted(str(e["loc"][-1]) for e in extra if tuple(_clean(e["loc"][:-1])) == where)
         fields = _fields_at(model, where)
         if where == ("parameters",):
             return (
@@ -139,7 +145,7 @@ def _message(model: type[BaseModel], exc: ValidationError, what: str) -> str:
     err = errors[0]
     loc = _clean(err["loc"])
     if err["type"] == "missing":
-        return f"{_path(loc)} is required; it is empty"
+        return f"{_path(loc)} is missing: it is required and may not be empty"
     if err["type"] in ("model_type", "dict_type", "model_attributes_type"):
         fields = _fields_at(model, tuple(loc))
         accepts = f"; {what} accepts: {', '.join(fields)}" if loc == ["parameters"] else ""

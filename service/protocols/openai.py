@@ -6,7 +6,7 @@ and reads them.
 embeddings, always L2-normalized; `dimensions` keeps the first N, then normalizes again (as
 OpenAI's text-embedding-3 models answer). `encoding_format: "base64"` (what the SDK asks for
 when the caller names no format, and decodes itself) is each vector's little-endian float32
-bytes in base64. `model` is accepted and the answer names our served model (`info.model_id`);
+bytes in base64. `model` is accepted and the answer names our served model (`info.served_name`);
 `user` is accepted and ignored. `usage` counts the tokens each input took with this model's
 tokenizer (after truncation), counted in the inference thread. Errors on `/v1/*` use OpenAI's
 envelope (`service.errors.error_content`).
@@ -127,7 +127,7 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         return {
             "object": "list",
             "data": data,
-            "model": info.model_id,
+            "model": info.served_name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
@@ -144,7 +144,7 @@ async def models(request: Request) -> Response:
     """`GET /v1/models`: the one model this server serves."""
     require_api_key(request)
     info = runtime_of(request).model_info()
-    card = {"id": info.model_id, "object": "model", "created": _CREATED, "owned_by": OWNED_BY}
+    card = {"id": info.served_name, "object": "model", "created": _CREATED, "owned_by": OWNED_BY}
     return json_response({"object": "list", "data": [card]})
 
 

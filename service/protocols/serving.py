@@ -111,7 +111,7 @@ def _serves(info: ModelInfo) -> str:
         "text-classification": "a text classifier",
         "zero-shot-classification": "an NLI model for zero-shot classification",
     }.get(info.task, "a model")
-    return f"it serves {info.task} ({what}: {info.model_id})"
+    return f"it serves {info.task} ({what})"
 
 
 async def serve(request: Request, parse: Parse) -> Response:

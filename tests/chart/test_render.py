@@ -170,6 +170,7 @@ def test_every_setting_is_reachable_from_values() -> None:
         "model.task=fill-mask",
         "model.revision=main",
         "model.pooling=mean",
+        "model.servedName=my-model",
         "server.dtype=float32",
         "server.maxBatchTokens=4096",
         "apiKey.value=k",

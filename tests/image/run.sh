@@ -170,13 +170,15 @@ curl -fsS "$URL$READY_PATH" | grep -q '"ready"' || fail "$READY_PATH does not sa
 check "ready after $READY_S s (liveness 200 while loading: $saw_loading)"
 
 curl -fsS -X POST -d "$SEED" "$URL/" >"$LOG/seed.json" || fail "the seed curl failed"
-"$PYTHON" - "$LOG/seed.json" <<'PY' || fail "the seed curl's answer is not MiniLM's token rows"
-import json, sys
+"$PYTHON" - "$LOG/seed.json" <<'PY' || fail "the seed curl's answer is not MiniLM's sentence embedding: $(head -c 300 "$LOG/seed.json")"
+import json, math, sys
 rows = json.load(open(sys.argv[1]))
-shape = (len(rows), len(rows[0]), len(rows[0][0]))
-assert shape == (1, 9, 384), shape
+# The default model's own config: mean pooling, then Normalize: one unit-length 384-d row.
+assert len(rows) == 1 and len(rows[0]) == 384, (len(rows), len(rows[0]))
+norm = math.sqrt(sum(x * x for x in rows[0]))
+assert abs(norm - 1.0) < 1e-4, norm
 PY
-check "seed curl: 1 x 9 tokens x 384 floats"
+check "seed curl: one 384-d sentence embedding of unit length (mean pooling, normalized)"
 
 grep -q '^pipeline_server_queue_depth ' <<<"$(curl -fsS "$URL/metrics")" || fail "/metrics has no queue depth"
 check "/metrics serves pipeline_server_queue_depth"
