@@ -9,6 +9,7 @@
 | ``burst`` | 160 requests at once on a busy server: shed and /livez latency beside the floor |
 | ``storm`` | a retry storm (256 clients resending on 503): goodput against capacity, A/B |
 | ``memory`` | RSS during a long storm and a long open-loop overload |
+| ``zero_shot`` | zero-shot classification: latency and throughput per candidate label |
 
 Each module has ``add_arguments(parser)``, ``finish_arguments(args, results)``, ``run(args)``
 (returns a JSON-friendly dict) and ``table(result)`` (Markdown).
@@ -18,9 +19,18 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from loadtest.workloads import burst, cpu_split, memory, mixed, profile, short_inputs, storm
+from loadtest.workloads import (
+    burst,
+    cpu_split,
+    memory,
+    mixed,
+    profile,
+    short_inputs,
+    storm,
+    zero_shot,
+)
 
 WORKLOADS: dict[str, ModuleType] = {
-    m.NAME: m for m in (mixed, short_inputs, cpu_split, profile, burst, storm, memory)
+    m.NAME: m for m in (mixed, short_inputs, cpu_split, profile, burst, storm, memory, zero_shot)
 }
 ORDER: tuple[str, ...] = tuple(WORKLOADS)

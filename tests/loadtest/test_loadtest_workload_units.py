@@ -3,6 +3,7 @@ bench models, and the tables each workload prints from a result."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import threading
@@ -13,7 +14,16 @@ from typing import Any
 import pytest
 
 from loadtest import corpus, proc, pyspy, servers
-from loadtest.workloads import ORDER, WORKLOADS, burst, cpu_split, memory, short_inputs, storm
+from loadtest.workloads import (
+    ORDER,
+    WORKLOADS,
+    burst,
+    cpu_split,
+    memory,
+    short_inputs,
+    storm,
+    zero_shot,
+)
 
 
 def test_short_inputs_are_8_to_100_tokens_about_42_mean(embedded_model: Path) -> None:
@@ -268,3 +278,12 @@ def test_limit_worker_replays_a_classifier_on_short_inputs(tmp_path: Path) -> No
         finally:
             worker.close()
     assert 0 < rate < 100_000 and 0 < small < large
+
+
+def test_zero_shot_slope_and_body() -> None:
+    assert zero_shot.slope([1, 2, 4, 8], [10.0, 12.0, 16.0, 24.0]) == pytest.approx(2.0)
+    doc = json.loads(zero_shot.body("a text", 3))
+    assert doc == {
+        "inputs": "a text",
+        "parameters": {"candidate_labels": ["politics", "sports", "science"]},
+    }

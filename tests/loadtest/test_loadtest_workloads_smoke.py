@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.bench import parse_args
-from loadtest.workloads import burst, memory, storm
+from loadtest.workloads import burst, memory, storm, zero_shot
 
 pytestmark = [
     pytest.mark.loadtest,
@@ -43,3 +43,14 @@ def test_memory_samples_rss(tmp_path: Path) -> None:
     res = memory.run(args)
     phase = res["phases"]["storm"]
     assert len(phase["series"]) >= 3 and phase["rss_end_mb"] > 100
+
+
+def test_zero_shot_measures_each_label_count(tmp_path: Path) -> None:
+    extra = ["--zero-shot-labels", "1,4", "--zero-shot-one-client", "4", "--zero-shot-seconds", "1"]
+    res = zero_shot.run(_args(tmp_path, "--only", "zero_shot", *extra))
+    assert res["task"] == "zero-shot-classification" and set(res["points"]) == {1, 4}
+    for k, point in res["points"].items():
+        assert point["one_client_p50_ms"] > 0 and point["direct_p50_ms"] > 0
+        assert point["load"]["statuses"] == {} or set(point["load"]["statuses"]) == {200}
+        assert point["load"]["pairs_per_s"] == pytest.approx(point["load"]["ok_per_s"] * k)
+    assert "| 4 |" in zero_shot.table(res)
