@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 
 from loadtest.servers import free_port
@@ -34,6 +36,36 @@ def post_concurrently(client: TestClient, bodies: list[dict[str, Any]]) -> list[
     for r in responses:
         assert r.status_code == 200, r.text
     return [r.json() for r in responses]
+
+
+def assert_close(a: Any, b: Any) -> None:
+    """Equal structure; numbers within 1e-4; lists of `{label, score}` compared by label (tiny
+    random models have near-ties, so their order may differ); other values equal."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_close(a[k], b[k])
+    elif isinstance(a, list) and a and isinstance(a[0], dict) and "label" in a[0]:
+        assert sorted(x["label"] for x in a) == sorted(x["label"] for x in b)
+        by_label = {x["label"]: x["score"] for x in b}
+        for x in a:
+            assert x["score"] == pytest.approx(by_label[x["label"]], abs=1e-4)
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_close(x, y)
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(float(b), abs=1e-4)
+    else:
+        assert a == b
+
+
+def batch_sizes() -> tuple[float, float]:
+    """From the batch size histogram: (batches of more than one input, inputs in them)."""
+    count = REGISTRY.get_sample_value("pipeline_server_batch_size_count") or 0.0
+    total = REGISTRY.get_sample_value("pipeline_server_batch_size_sum") or 0.0
+    ones = REGISTRY.get_sample_value("pipeline_server_batch_size_bucket", {"le": "1.0"}) or 0.0
+    return count - ones, total - ones
 
 
 def wait_ready(get: Callable[[str], Any], timeout: float = 60) -> None:

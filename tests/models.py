@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import Any
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = (  # noqa: SIM905  (a sentence reads better than a column of words)
@@ -32,13 +33,27 @@ def vocabulary() -> list[str]:
     return SPECIAL + sorted(set(WORDS)) + chars + [f"##{c}" for c in chars]
 
 
+def tiny_config(vocab_size: int, **extra: object) -> Any:
+    """A two-layer BERT config, 32 wide: random weights, fast enough for every test."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+        **extra,
+    )
+
+
 def build(kind: str, folder: Path, seed: int = 0) -> Path:
     """Write a tiny model of `kind` ("fill-mask", "text-classification",
     "token-classification", "zero-shot-classification": an NLI classifier, "cross-encoder": a
     sequence classifier with one label) into `folder` and return it."""
     import torch
     from transformers import (
-        BertConfig,
         BertForMaskedLM,
         BertForSequenceClassification,
         BertForTokenClassification,
@@ -54,13 +69,8 @@ def build(kind: str, folder: Path, seed: int = 0) -> Path:
         "zero-shot-classification": NLI_LABELS,
         "cross-encoder": CROSS_ENCODER_LABELS,
     }.get(kind)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_POSITIONS,
+    config = tiny_config(
+        len(tokenizer),
         **({"id2label": labels, "label2id": {v: k for k, v in labels.items()}} if labels else {}),
     )
     torch.manual_seed(seed)
@@ -118,19 +128,12 @@ def build_sentence_model(
     import json
 
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizer
+    from transformers import BertModel, BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = {token: i for i, token in enumerate(vocabulary())}
     tokenizer = BertTokenizer(vocab=vocab, do_lower_case=not cased_tokenizer)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_POSITIONS,
-    )
+    config = tiny_config(len(tokenizer))
     torch.manual_seed(seed)
     BertModel(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)

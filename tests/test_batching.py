@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import app_client, post_concurrently
-from prometheus_client import REGISTRY
+from helpers import app_client, assert_close, batch_sizes, post_concurrently
 
 TEXTS = [
     "Paris is the [MASK] of France.",
@@ -26,29 +25,6 @@ TEXTS = [
     "a [MASK] b",
     "The river is [MASK] and the city is small, happy, sad, good, bad.",
 ]
-
-
-def _batches_over_one() -> float:
-    """How many batches of size > 1 the server has run (from the batch size histogram)."""
-    total = REGISTRY.get_sample_value("pipeline_server_batch_size_count") or 0.0
-    ones = REGISTRY.get_sample_value("pipeline_server_batch_size_bucket", {"le": "1.0"}) or 0.0
-    return total - ones
-
-
-def _close(a: Any, b: Any) -> None:
-    """Equal structure; floats within 1e-4; other values equal."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _close(a[k], b[k])
-    elif isinstance(a, list):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _close(x, y)
-    elif isinstance(a, float) or isinstance(b, float):
-        assert a == pytest.approx(float(b), abs=1e-4)
-    else:
-        assert a == b
 
 
 def _comparable(task: str, answer: Any) -> Any:
@@ -78,19 +54,19 @@ def test_batched_answers_equal_single_calls(
 
     texts = TEXTS if task == "fill-mask" else [t.replace("[MASK]", "capital") for t in TEXTS]
     direct = pipeline(task, model=str(tiny_models[task]))
-    before = _batches_over_one()
+    before = batch_sizes()[0]
     with app_client(tiny_models[task], max_batch_wait_ms=100) as client:
         bodies = [{"inputs": t, "parameters": params} for t in texts]
         answers = post_concurrently(client, bodies)
-    assert _batches_over_one() > before, "no batch larger than 1 formed"
+    assert batch_sizes()[0] > before, "no batch larger than 1 formed"
     for text, answer in zip(texts, answers, strict=True):
         if task == "text-classification":  # one list of labels per input; all unless top_k
             answer, params = answer[0], {"top_k": params.get("top_k")}
         expected = direct(text, **params)
         if task == "fill-mask" or task == "text-classification":
-            _close(_comparable(task, answer), _comparable(task, expected))
+            assert_close(_comparable(task, answer), _comparable(task, expected))
         else:
-            _close(answer, _json_ready(expected))
+            assert_close(answer, _json_ready(expected))
 
 
 def test_feature_extraction_batched_equals_single(embedded_model: Path) -> None:
@@ -99,11 +75,11 @@ def test_feature_extraction_batched_equals_single(embedded_model: Path) -> None:
 
     texts = [t.replace("[MASK]", "capital") for t in TEXTS]
     reference = SentenceTransformer(str(embedded_model), device="cpu").encode(texts)
-    before = _batches_over_one()
+    before = batch_sizes()[0]
     with app_client(embedded_model, max_batch_wait_ms=100) as client:
         answers = post_concurrently(client, [{"inputs": t} for t in texts])
         listed = client.post("/", json={"inputs": texts}).json()
-    assert _batches_over_one() > before
+    assert batch_sizes()[0] > before
     for answer, in_list, expected in zip(answers, listed, reference, strict=True):
         assert np.asarray(answer).shape == (1, 384)  # one input: a 1 x 384 matrix
         assert np.abs(np.asarray(answer)[0] - expected).max() < 1e-4
@@ -116,11 +92,11 @@ def test_token_rows_batched_equal_single_pipeline_calls(embedded_model: Path) ->
 
     texts = [t.replace("[MASK]", "capital") for t in TEXTS]
     direct = pipeline("feature-extraction", model=str(embedded_model))
-    before = _batches_over_one()
+    before = batch_sizes()[0]
     with app_client(embedded_model, max_batch_wait_ms=100, pooling="none") as client:
         answers = post_concurrently(client, [{"inputs": t} for t in texts])
         listed = client.post("/", json={"inputs": texts}).json()
-    assert _batches_over_one() > before
+    assert batch_sizes()[0] > before
     for text, answer, in_list in zip(texts, answers, listed, strict=True):
         expected = np.asarray(direct(text))
         got = np.asarray(answer)

@@ -13,38 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
-from helpers import app_client, post_concurrently
-from prometheus_client import REGISTRY
+from helpers import app_client, assert_close, batch_sizes, post_concurrently
 
 WORDS = "the river runs past the old city and the big bridge on a sunny monday".split()  # noqa: SIM905
 
 
 def _texts(n: int) -> list[str]:
     return [" ".join(WORDS[: 3 + (i * 5) % len(WORDS)]) + f" {i}" for i in range(n)]
-
-
-def _batched_units() -> float:
-    """Units that ran in batches larger than one (from the batch size histogram)."""
-    total = REGISTRY.get_sample_value("pipeline_server_batch_size_sum") or 0.0
-    ones = REGISTRY.get_sample_value("pipeline_server_batch_size_bucket", {"le": "1.0"}) or 0.0
-    return total - ones
-
-
-def _close(a: Any, b: Any) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _close(a[k], b[k])
-    elif isinstance(a, list) and a and isinstance(a[0], dict):
-        assert {x.get("label") for x in a} == {x.get("label") for x in b}
-        by_label = {x["label"]: x["score"] for x in b}
-        for x in a:
-            assert x["score"] == pytest.approx(by_label[x["label"]], abs=1e-4)
-    elif isinstance(a, str):
-        assert a == b
-    else:
-        assert np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float)).max() < 1e-4
 
 
 def _embedding_body(i: int, text: str) -> dict[str, Any]:
@@ -70,11 +45,11 @@ def test_mixed_embedding_requests_each_get_their_own_answer(embedded_model: Path
     bodies = [_embedding_body(i, t) for i, t in enumerate(_texts(32))]
     with app_client(embedded_model, max_batch_wait_ms=50) as client:
         alone = [client.post("/", json=b).json() for b in bodies]
-        before = _batched_units()
+        before = batch_sizes()[1]
         together = post_concurrently(client, bodies)
-        assert _batched_units() - before >= 16  # most of them ran in shared batches
+        assert batch_sizes()[1] - before >= 16  # most of them ran in shared batches
     for body, single, mixed in zip(bodies, alone, together, strict=True):
-        _close(mixed, single)
+        assert_close(mixed, single)
         if body.get("dimensions"):
             assert np.asarray(mixed).shape[-1] == body["dimensions"]
 
@@ -93,11 +68,11 @@ def test_mixed_zero_shot_requests_each_get_their_own_answer(
         bodies.append({"inputs": text, "parameters": parameters})
     with app_client(tiny_models["zero-shot-classification"], max_batch_wait_ms=50) as client:
         alone = [client.post("/", json=b).json() for b in bodies]
-        before = _batched_units()
+        before = batch_sizes()[1]
         together = post_concurrently(client, bodies)
-        assert _batched_units() - before >= 32  # label pairs of different requests met
+        assert batch_sizes()[1] - before >= 32  # label pairs of different requests met
     for body, single, mixed in zip(bodies, alone, together, strict=True):
         assert [x["label"] for x in mixed] and len(mixed) == len(
             body["parameters"]["candidate_labels"]
         )
-        _close(mixed, single)
+        assert_close(mixed, single)
