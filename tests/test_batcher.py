@@ -224,3 +224,50 @@ def test_stop_answers_every_waiter(batcher: tuple[Batcher, RecordingEngine]) -> 
     for item in queued:
         assert item.future.done()
         assert item.future.exception() is not None
+
+
+def test_inputs_that_cannot_finish_in_time_are_answered_504_before_compute(
+    batcher: tuple[Batcher, RecordingEngine],
+) -> None:
+    """Under load, an input whose deadline passes before even a batch of it alone could end
+    (the cost model) gets 504 at once; the others run."""
+    b, engine = batcher
+    expired_before = counter("pipeline_server_expired_total", stage="queued")
+    blocker = hold_the_thread(b, engine)
+    late, ok = items(["late [MASK]"], 1.0), items(["ok [MASK]"])
+    b.estimate.sec_per_token, b.estimate.batch_ends_at = 1e-9, 0.0  # admit both
+    b.queue.offer(late, b.estimate)
+    b.queue.offer(ok, b.estimate)
+    # Alone, an input now takes (10 + its ~7 tokens) x 0.5 s: more than late's 1 s, less than
+    # ok's 30 s (the blocker's batch moves the estimate only part of the way back).
+    b.estimate.sec_per_token, b.estimate.overhead_tokens = 0.5, 10.0
+    time.sleep(0.2)
+    engine.hold.set()
+    blocker.future.result(10)
+    with pytest.raises(DeadlineExceeded, match="before its batch could end"):
+        late[0].future.result(10)
+    assert isinstance(ok[0].future.result(10), list)
+    assert "late [MASK]" not in [t for batch in engine.batches for t in batch]
+    assert counter("pipeline_server_expired_total", stage="queued") == expired_before + 1
+
+
+def test_when_every_queued_input_looks_doomed_one_still_runs(
+    batcher: tuple[Batcher, RecordingEngine],
+) -> None:
+    """A cost model that says nothing can finish in time (one slow batch under a storm) must
+    not stop the model: the input with the latest deadline runs, so batches go on and the
+    cost model follows what they take."""
+    b, engine = batcher
+    blocker = hold_the_thread(b, engine)
+    first, last = items(["first [MASK]"], 2.0), items(["last [MASK]"], 3.0)
+    b.estimate.sec_per_token, b.estimate.batch_ends_at = 1e-9, 0.0
+    b.queue.offer(first, b.estimate)
+    b.queue.offer(last, b.estimate)
+    b.estimate.sec_per_token = 1.0  # alone: over a minute each
+    time.sleep(0.2)
+    engine.hold.set()
+    blocker.future.result(10)
+    with pytest.raises(DeadlineExceeded):
+        first[0].future.result(10)
+    assert isinstance(last[0].future.result(10), list)
+    assert ["last [MASK]"] in engine.batches
