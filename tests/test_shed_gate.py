@@ -91,16 +91,19 @@ def test_a_shed_is_decided_from_the_head_without_reading_the_body(
         assert sample("pipeline_server_shed_total", reason="queue_full") - before == 1
 
 
-async def _two_on_one_connection(url: str, first_wait_s: float) -> list[tuple[int, float]]:
+async def _two_on_one_connection(
+    url: str, first_wait_s: float, second: str = "try #2"
+) -> list[tuple[int, float]]:
     """Two requests on one keep-alive connection, the second `first_wait_s` after the first
-    answer: (status, seconds to its answer) each."""
-    reader, writer = await raw_request(url, http_post("first"))
+    answer: (status, seconds to its answer) each. By default the second is a retry: the same
+    route and body length as the first (`try #1`)."""
+    reader, writer = await raw_request(url, http_post("try #1"))
     out = []
     started = time.monotonic()
     status, _, _ = await read_answer(reader)
     out.append((status, time.monotonic() - started))
     await asyncio.sleep(first_wait_s)
-    writer.write(http_post("second"))
+    writer.write(http_post(second))
     await writer.drain()
     started = time.monotonic()
     status, _, _ = await read_answer(reader)
@@ -132,7 +135,7 @@ def test_an_early_retry_is_held_until_its_retry_after(
         assert fresh[0] == 503 and fresh[1] < 0.3  # another connection: not held
         # Counted once per answered shed, the held one included.
         assert sample("pipeline_server_shed_total", reason="queue_full") - before == 3
-        assert "first" not in recorder.ran and "second" not in recorder.ran
+        assert "try #1" not in recorder.ran and "try #2" not in recorder.ran
 
 
 def test_a_polite_retry_and_the_tarpit_off_are_answered_at_once(
@@ -165,4 +168,18 @@ def test_a_held_retry_is_admitted_when_room_frees_meanwhile(
     with full() as (served, recorder):
         first, second = asyncio.run(asyncio.wait_for(scenario(served.url, recorder), 30))
         assert first[0] == 503 and second[0] == 200
-        assert "second" in recorder.ran
+        assert "try #2" in recorder.ran
+
+
+def test_another_request_on_the_same_connection_is_not_held(full: Full) -> None:
+    """Behind a proxy that pools its upstream connections, the next request on a connection is
+    often another client's: another body length (or route) is no retry, and is answered at
+    once."""
+
+    async def scenario(url: str) -> list[tuple[int, float]]:
+        await _fill(url)
+        return await _two_on_one_connection(url, 0.0, second="another client's input")
+
+    with full() as (served, _):
+        first, second = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        assert first[0] == second[0] == 503 and first[1] < 0.3 and second[1] < 0.3
