@@ -51,11 +51,11 @@ unit: $(VENV)/.dev  ## the fast in-process suite only
 image-test:  ## build the image with podman and test it (minutes; root on Debian)
 	bash tests/image/run.sh
 
-# Every workload of loadtest/workloads in order (about 52 minutes on a quiet machine: mixed 12,
-# short_inputs 13.5, cpu 3, profile 1, burst 0.5, storm 0.7, memory 21); one workload:
-# BENCH_ARGS='--only storm'; shorter runs of each: BENCH_ARGS=--quick (memory 2 minutes a
-# phase). Needs wrk (apt-get install wrk) and py-spy (dev extras).
-bench: $(VENV)/.dev  ## the benchmark's workloads (about 52 minutes; see loadtest/workloads)
+# Every workload of loadtest/workloads in order (about 50 minutes here: mixed 11,
+# short_inputs 12, cpu 1, profile 0.5, burst 1, storm 1.5, memory 21, zero_shot 2); one
+# workload: BENCH_ARGS='--only storm'; shorter runs of each: BENCH_ARGS=--quick (memory 2
+# minutes a phase). Needs wrk (apt-get install wrk) and py-spy (dev extras).
+bench: $(VENV)/.dev  ## the benchmark's workloads (about 50 minutes; see loadtest/workloads)
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
 
 HOST_URL ?= http://127.0.0.1:8000
