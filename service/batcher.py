@@ -201,19 +201,17 @@ class Batcher:
             self._admit_to_pool(engine, arrived)
 
     def _drop_doomed(self) -> None:
-        """Under load, answer 504 now for inputs whose deadline passes before even a batch of
-        that input alone could end (the batch cost model, `ServiceTimeEstimate.batch_seconds`,
-        from now): computing them would spend the model on answers nobody reads while others
-        wait. The pool is never emptied this way: the input with the latest deadline stays
-        and runs, so a batch always runs and the cost model keeps following what batches
-        take. (Judged by the last batch's run time instead, one 2.3 s batch under a storm with
-        a 2 s deadline doomed every input after it, so no batch ran again and nothing updated
-        that time: a server stuck answering 504.) Alone in the pool an input always runs."""
-        if len(self._pool) < 2:
+        """Under load, answer 504 now for inputs whose deadline passes before a batch could
+        end (the last batch's run time from now): computing them would spend the model on
+        answers nobody reads while others wait. The pool is never emptied this way: the input
+        with the latest deadline stays and runs, so a batch always runs and the last batch's
+        run time keeps following the load. (Without that, one 2.3 s batch under a storm with
+        a 2 s deadline doomed every input after it: no batch ran again and nothing updated
+        that time, a server stuck answering 504.) Alone in the pool an input always runs."""
+        if len(self._pool) < 2 or not self._last_batch_s:
             return
-        now = time.monotonic()
-        alone_s = self.estimate.batch_seconds
-        doomed = [i for i in self._pool if i.deadline < now + alone_s(_tokens(i))]
+        ends = time.monotonic() + self._last_batch_s
+        doomed = [i for i in self._pool if i.deadline < ends]
         if not doomed:
             return
         if len(doomed) == len(self._pool):
