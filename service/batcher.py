@@ -38,7 +38,7 @@ from service.errors import (
 from service.jobs import NO_FORWARD
 from service.loading import load_engine
 from service.log import event_line
-from service.model import Engine, ModelInfo, calibrate, warm_up
+from service.model import Engine, ModelInfo, calibrate, prepare_each, warm_up
 from service.selection import MAX_PASSES, best_run
 from service.settings import Settings
 from service.work_queue import Item, WorkQueue
@@ -224,26 +224,30 @@ class Batcher:
         self.queue.release(len(doomed))
 
     def _admit_to_pool(self, engine: Engine, items: list[Item]) -> None:
-        """Drop the cancelled and expired, tokenize the rest (exact length checks) into the pool."""
-        gone = 0
-        for item in items:
-            if self._dropped(item):
+        """Drop the cancelled and expired, tokenize the rest (exact length checks; one
+        `prepare_many` call for all that arrived) into the pool."""
+        live = [item for item in items if not self._dropped(item)]
+        gone = len(items) - len(live)
+        units = [item.unit for item in live]
+        try:
+            prepared = engine.prepare_many(units) if units else []
+        except Exception:  # never the thread's end: each alone, so only the failing one errs
+            log.exception("prepare_many_failed", inputs=len(units))
+            prepared = prepare_each(engine.prepare, units)
+        for item, result in zip(live, prepared, strict=True):
+            if isinstance(result, ServiceError):
+                _fail(item, result)
                 gone += 1
                 continue
-            try:
-                item.prepared = engine.prepare(item.unit)
-            except ServiceError as exc:
-                _fail(item, exc)
-                gone += 1
-                continue
-            except Exception:
-                log.exception("prepare_failed")
+            if isinstance(result, Exception):
+                log.error("prepare_failed", exc_info=result)
                 _fail(item, InferenceFailed("the model failed on this input"))
                 gone += 1
                 continue
+            item.prepared = result
             if item.unit.op in NO_FORWARD:  # tokenize, decode: answered without a batch
                 if item.future.set_running_or_notify_cancel():
-                    item.future.set_result(item.prepared.answer)
+                    item.future.set_result(result.answer)
                 gone += 1
                 continue
             self._pool.append(item)

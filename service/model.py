@@ -13,7 +13,7 @@ each input's own length.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -110,9 +110,26 @@ class Engine(Protocol):
         """Tokenize `unit` (exact length checks); raises `InvalidInput` for a bad input."""
         ...
 
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        """`prepare` for each unit, in order; a unit's failure is its entry (the exception)."""
+        ...
+
     def run(self, batch: list[Prepared]) -> list[Any]:
         """Each unit's answer, in order, from one forward pass; raises what the model raises."""
         ...
+
+
+def prepare_each(
+    prepare: Callable[[Unit], Prepared], units: Sequence[Unit]
+) -> list[Prepared | Exception]:
+    """`prepare(unit)` for each unit, in order, an exception it raised standing in its place."""
+    out: list[Prepared | Exception] = []
+    for unit in units:
+        try:
+            out.append(prepare(unit))
+        except Exception as exc:
+            out.append(exc)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +184,10 @@ class PipelineEngine:
         return calls
 
     # -- per input ----------------------------------------------------------------------
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        """`prepare` for each unit in turn (the pipeline's `preprocess` takes one input)."""
+        return prepare_each(self.prepare, units)
+
     def prepare(self, unit: Unit) -> Prepared:
         """Tokenize one input with the pipeline's `preprocess`; check its length exactly.
 

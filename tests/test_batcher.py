@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,17 @@ class RecordingEngine:
         prepared = self.engine.prepare(unit)
         self.texts[id(prepared)] = unit.text
         return prepared
+
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        for unit in units:
+            assert unit.text is not None
+            if self.before_prepare is not None:
+                self.before_prepare(unit.text)
+        results = self.engine.prepare_many(units)
+        for unit, result in zip(units, results, strict=True):
+            if isinstance(result, Prepared):
+                self.texts[id(result)] = str(unit.text)
+        return results
 
     def run(self, batch: list[Prepared]) -> list[Any]:
         texts = [self.texts[id(p)] for p in batch]
