@@ -1,4 +1,4 @@
-"""The benchmark's aiohttp client against a stub server: windows, counts, drops, probes."""
+"""The benchmark's clients (aiohttp, and the raw one of the burst) against a stub server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from loadtest import client
+from loadtest import client, rawhttp
 
 T = TypeVar("T")
 
@@ -76,3 +76,42 @@ def test_probe_stops_when_told() -> None:
 
     latencies = asyncio.run(_with_stub(0.0, run))
     assert 5 < len(latencies) < 40 and all(lat < 0.2 for lat in latencies)
+
+
+def test_the_raw_client_reads_statuses_headers_and_bodies_on_one_connection() -> None:
+    """`loadtest.rawhttp` (the burst's client): the stub's answers in order on one keep-alive
+    connection, each 503's Retry-After, and a fresh connection after the server closed one."""
+    post = client.raw_text("a short sentence")
+
+    async def body(base: str) -> list[tuple[int, str | None]]:
+        conn = rawhttp.Connection(base)
+        wire = rawhttp.wire(post, base)
+        assert wire.startswith(b"POST / HTTP/1.1\r\nHost: 127.0.0.1:")
+        assert wire.endswith(b"Content-Length: 16\r\n\r\na short sentence")
+        got = []
+        for _ in range(6):
+            status, headers = await conn.send(wire)
+            got.append((status, headers.get("retry-after")))
+        status, headers = await conn.send(rawhttp.wire(client.LIVEZ, base))
+        got.append((status, headers.get("content-type")))
+        await conn.close()
+        status, _ = await conn.send(wire)  # opens a new connection
+        got.append((status, None))
+        await conn.close()
+        return got
+
+    got = asyncio.run(_with_stub(0.0, body))
+    assert got[:6] == [(200, None), (200, None), (503, "1")] * 2
+    assert got[6] == (200, "application/json; charset=utf-8")
+    assert got[7][0] in (200, 503)
+
+
+def test_the_raw_client_answers_0_when_nobody_listens() -> None:
+    import socket
+
+    with socket.socket() as s:  # a free port, closed again: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    status, headers = asyncio.run(rawhttp.Connection(base).send(rawhttp.wire(client.LIVEZ, base)))
+    assert (status, headers) == (0, {})
