@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,7 +56,7 @@ class Recorder:
 
     def __call__(self, settings: Settings) -> Engine:
         engine = load_engine(settings)
-        prepare, run = engine.prepare, engine.run
+        prepare, prepare_many, run = engine.prepare, engine.prepare_many, engine.run
         texts: dict[int, tuple[Any, str]] = {}  # keeps each prepared object alive: ids stay unique
 
         def recording_prepare(unit: Unit) -> Any:
@@ -64,6 +64,14 @@ class Recorder:
             prepared = prepare(unit)
             texts[id(prepared)] = (prepared, unit.text or "")
             return prepared
+
+        def recording_prepare_many(units: Sequence[Unit]) -> list[Any]:
+            self.prepare_gate.wait(60)
+            results = prepare_many(units)
+            for unit, result in zip(units, results, strict=True):
+                if not isinstance(result, Exception):
+                    texts[id(result)] = (result, unit.text or "")
+            return results
 
         def recording_run(batch: list[Any]) -> list[Any]:
             self.ran.extend(texts[id(p)][1] if id(p) in texts else "?" for p in batch)
@@ -77,6 +85,7 @@ class Recorder:
             return run(batch)
 
         engine.prepare = recording_prepare  # type: ignore[method-assign]
+        engine.prepare_many = recording_prepare_many  # type: ignore[method-assign]
         engine.run = recording_run  # type: ignore[method-assign]
         self.engine = engine
         return engine
