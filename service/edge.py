@@ -15,6 +15,11 @@
   (501). llhttp itself refuses Content-Length with Transfer-Encoding, a malformed or repeated
   Content-Length, control bytes in header values, obs-fold, bare CR or LF (tests/test_edge.py).
 
+Sheds decided from the head (`service.shed`) are answered here when the head ends, before an
+ASGI task, middleware or message exists: the app's shed gate leaves itself in the lifespan
+state (`HEAD_SHEDDER`) and gives the whole answer (`shed_now`), or None to let the app have the
+request.
+
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
 once per second per reason (`service.refusals`). A refusal waits for the answers already under
 way on its connection (pipelining), then closes it after a short linger (below).
@@ -25,13 +30,18 @@ from __future__ import annotations
 import asyncio
 import functools
 from asyncio import TimerHandle
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import httptools
 import structlog
+from uvicorn._types import ASGI3Application, Scope
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.protocols.utils import get_remote_addr
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string, get_remote_addr
 from uvicorn.server import ServerState
 
 from service.framing import Framer, Step
@@ -45,6 +55,15 @@ log = structlog.get_logger("service.edge")
 # makes the kernel reset the connection, which can destroy the answer before it is read
 # (nginx's "lingering close"). The client's own close ends it sooner.
 _LINGER_S = 2.0
+
+HEAD_SHEDDER = "service.edge.head_shedder"  # the lifespan state's key for a `HeadShedder`
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
+
+
+class HeadShedder(Protocol):
+    def shed_now(self, scope: Scope) -> Answer | None:
+        """The whole answer for a request to shed from its head (its metrics and log line
+        recorded), or None: the app answers it."""
 
 
 @functools.cache
@@ -79,6 +98,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._pending: Refusal | None = None  # to answer once earlier answers are sent
         self._body = (0, False)  # the current request's Content-Length, chunked
         self._head_ended = self._message_ended = False  # llhttp's view, per fed part
+        self._popping = False  # starting a pipelined request (`on_response_complete`)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self._max_connections and not self._close_an_idle_one():
@@ -202,6 +222,53 @@ class EdgeProtocol(HttpToolsProtocol):
         self._message_ended = True
         super().on_message_complete()
 
+    # Sheds from the head
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """uvicorn's start of a request's ASGI task, unless its head alone sheds it. Pipelined
+        requests (started from `on_response_complete`) and a connection whose client does not
+        read its answers (writing paused) take the app's path, which waits on the writes."""
+        self._unset_keepalive_if_required()  # a request is under way: this connection is busy
+        shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
+        ours = app is self.app and not self._popping and not self.flow.write_paused
+        if shedder is not None and ours and (answer := shedder.shed_now(cycle.scope)):
+            self._send_shed(cycle, *answer)
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _send_shed(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> None:
+        """Write the whole answer at once, as the cycle's `send` would (uvicorn's default
+        headers, `connection: close` when the connection ends, the access log line if on), and
+        end the cycle: llhttp still parses the body, which uvicorn then drops."""
+        cycle.response_started = cycle.response_complete = True
+        cycle.waiting_for_100_continue = False  # the answer is final: no 100 Continue
+        if cycle.access_log:
+            scope = cycle.scope
+            cycle.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(scope),
+                scope["method"],
+                get_path_with_query_string(scope),
+                scope["http_version"],
+                status,
+            )
+        parts = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers):
+            parts += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", body)
+        self.transport.write(b"".join(parts))
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+
     # Refusals
     def _refuse(self, refusal: Refusal, in_head: bool) -> None:
         self._refusal = refusal
@@ -225,7 +292,11 @@ class EdgeProtocol(HttpToolsProtocol):
         return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        self._popping = True  # a pipelined request started now takes the app's path
+        try:
+            super().on_response_complete()
+        finally:
+            self._popping = False
         pending = self._pending
         if pending is not None and not self._busy() and not self.transport.is_closing():
             self._pending = None

@@ -16,6 +16,13 @@ port), route and body length (`Content-Length`); what a storm client resends is 
 what was shed. A first shed, every polite retry, and any other request (another route or body
 length: behind a proxy that pools its upstream connections, the next client's request) is
 answered at once. `SHED_TARPIT=false` turns the hold off.
+
+Under uvicorn with the service's HTTP edge a shed is cheaper still: the gate leaves itself in
+the lifespan state (`service.edge.HEAD_SHEDDER`), and the edge asks it (`shed_now`) when a
+request's head ends, before any ASGI task, middleware or message exists; a shed is then written
+straight to the connection, with the same status, headers, body, metrics and log line. What
+the edge does not shed (an early retry to hold, a request through a proxy, a pipelined one)
+takes the ASGI path here.
 """
 
 from __future__ import annotations
@@ -27,13 +34,16 @@ import time
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service import metrics
+from service import context, metrics
+from service.edge import HEAD_SHEDDER, Answer
 from service.errors import Overloaded, Unavailable, error_content
 from service.runtime import Runtime, arrival
 
 # Connections shed lately are remembered until their Retry-After passes; the expired ones are
 # dropped at most this often, so the map holds about the connections of the last seconds.
 _PURGE_EVERY_S = 5.0
+
+Key = tuple[object, str, bytes | None]  # (client (host, port), path, Content-Length)
 
 
 class ShedGate:
@@ -46,10 +56,14 @@ class ShedGate:
         self.tarpit = runtime.settings.shed_tarpit
         self._key = runtime.settings.api_key
         # (client (host, port), path, Content-Length) of a shed -> when its Retry-After passes
-        self._retry_at: dict[tuple[object, str, bytes | None], float] = {}
+        self._retry_at: dict[Key, float] = {}
         self._purge_at = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" and "state" in scope:
+            scope["state"][HEAD_SHEDDER] = (
+                self  # for the edge (`shed_now`); each request's copy too
+            )
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
@@ -70,29 +84,60 @@ class ShedGate:
             return
         await self._answer(scope, send, refusal, _request_key(scope, headers))
 
-    def _early_by(self, key: tuple[object, str, bytes | None]) -> float:
+    def shed_now(self, scope: Scope) -> Answer | None:
+        """For the HTTP edge, when a request's head has ended and before any ASGI app runs:
+        the whole answer of a shed (status, headers with `X-Request-ID`, body), its metrics and
+        log line already recorded, as the ASGI path would give them; None when the request must
+        go to the app: not a `POST` to an inference route, not shed, an early retry (the app
+        holds it), unauthorized (the route answers 401), or carrying `X-Forwarded-For` (the
+        client the tarpit keys on is then uvicorn's proxy-headers middleware's to set)."""
+        if scope["method"] != "POST" or scope["path"] not in self.paths:
+            return None
+        started = time.perf_counter()
+        headers = dict(scope["headers"])
+        if b"x-forwarded-for" in headers:
+            return None
+        if self._key is not None and not self._authorized(headers):
+            return None
+        refusal = self.runtime.refusal(scope, headers.get(b"x-request-timeout"))
+        if refusal is None:
+            return None
+        key = _request_key(scope, headers)
+        if self.tarpit and isinstance(refusal, Overloaded) and self._early_by(key) > 0:
+            return None
+        request_id = context.request_id(scope["headers"])
+        status, answer_headers, body = self._shed(scope["path"], refusal, key, request_id)
+        answer_headers.append((b"x-request-id", request_id.encode()))
+        context.record(scope, request_id, status, time.perf_counter() - started)
+        return status, answer_headers, body
+
+    def _early_by(self, key: Key) -> float:
         """Seconds until the Retry-After of this request's last shed has passed (0: not early,
         or not shed before)."""
         retry_at = self._retry_at.get(key)
         return 0.0 if retry_at is None else max(0.0, retry_at - time.monotonic())
 
-    async def _answer(
-        self, scope: Scope, send: Send, error: Unavailable, key: tuple[object, str, bytes | None]
-    ) -> None:
+    async def _answer(self, scope: Scope, send: Send, error: Unavailable, key: Key) -> None:
+        request_id = scope["state"]["request_id"]
+        status, headers, body = self._shed(scope["path"], error, key, request_id)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _shed(self, path: str, error: Unavailable, key: Key, request_id: str) -> Answer:
+        """Count the shed, remember it for the tarpit, and make its answer."""
         metrics.count_shed(error)
         retry_after = error.headers["Retry-After"]
         if self.tarpit and isinstance(error, Overloaded):
             self._remember(key, float(retry_after))
-        body = orjson.dumps(error_content(scope["path"], error, scope["state"]["request_id"]))
+        body = orjson.dumps(error_content(path, error, request_id))
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"retry-after", retry_after.encode()),
         ]
-        await send({"type": "http.response.start", "status": error.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        return error.status, headers, body
 
-    def _remember(self, key: tuple[object, str, bytes | None], retry_after_s: float) -> None:
+    def _remember(self, key: Key, retry_after_s: float) -> None:
         if key[0] is None:
             return
         now = time.monotonic()
@@ -109,6 +154,6 @@ class ShedGate:
         )
 
 
-def _request_key(scope: Scope, headers: dict[bytes, bytes]) -> tuple[object, str, bytes | None]:
+def _request_key(scope: Scope, headers: dict[bytes, bytes]) -> Key:
     """What makes a request a retry of one shed before: its connection, route, body length."""
     return scope.get("client"), scope["path"], headers.get(b"content-length")

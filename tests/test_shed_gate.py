@@ -20,6 +20,7 @@ import pytest
 from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
 from service.settings import Settings
+from service.shed import ShedGate
 
 QUEUE = 4
 
@@ -183,3 +184,82 @@ def test_another_request_on_the_same_connection_is_not_held(full: Full) -> None:
     with full() as (served, _):
         first, second = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
         assert first[0] == second[0] == 503 and first[1] < 0.3 and second[1] < 0.3
+
+
+def test_the_edge_writes_a_shed_itself_as_the_app_would(
+    full: Full, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shed decided from the head is written by the HTTP edge: the app's shed answer is never
+    called for it. A request the edge leaves to the app (one through a proxy: X-Forwarded-For)
+    gets the same status, headers and body from the app's path; each is counted once."""
+    through_app: list[str] = []
+    app_answer = ShedGate._answer
+
+    async def answer(self: ShedGate, scope: Any, *args: Any) -> None:
+        through_app.append(scope["state"]["request_id"])
+        await app_answer(self, scope, *args)
+
+    monkeypatch.setattr(ShedGate, "_answer", answer)
+
+    async def scenario(url: str) -> list[tuple[int, dict[str, str], bytes]]:
+        await _fill(url)
+        edge = await _exchange(url, http_post("one", **{"X-Request-ID": "edge-1"}))
+        forwarded = {"X-Request-ID": "prox-1", "X-Forwarded-For": "10.1.2.3"}
+        app = await _exchange(url, http_post("two", **forwarded))
+        return [edge, app]
+
+    with full() as (served, _):
+        before = sample("pipeline_server_requests_total", route="/", status="503")
+        shed_before = sample("pipeline_server_shed_total", reason="queue_full")
+        edge, app = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        assert through_app == ["prox-1"]  # the first never reached the app's answer
+        assert edge[0] == app[0] == 503
+        assert edge[1]["x-request-id"] == "edge-1" and app[1]["x-request-id"] == "prox-1"
+        same = {"x-request-id", "date"}  # the rest: content type and length, Retry-After, server
+        assert {k: v for k, v in edge[1].items() if k not in same} == {
+            k: v for k, v in app[1].items() if k not in same
+        }
+        edge_body, app_body = json.loads(edge[2]), json.loads(app[2])
+        assert edge_body["error_type"] == "overloaded" and edge_body["request_id"] == "edge-1"
+        assert {**edge_body, "request_id": "prox-1"} == app_body
+        assert sample("pipeline_server_requests_total", route="/", status="503") - before == 2
+        assert sample("pipeline_server_shed_total", reason="queue_full") - shed_before == 2
+
+
+def test_requests_in_one_write_are_answered_in_order(
+    full: Full, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three sheds in one write are each written by the edge as its head ends (the keep-alive
+    timer the first one arms must not close the connection under the next two). Behind a
+    `GET /livez` in one write, the two sheds are pipelined: they start when the probe's answer
+    is sent and take the app's path, in order."""
+    through_app: list[str] = []
+    app_answer = ShedGate._answer
+
+    async def answer(self: ShedGate, scope: Any, *args: Any) -> None:
+        through_app.append(scope["state"]["request_id"])
+        await app_answer(self, scope, *args)
+
+    monkeypatch.setattr(ShedGate, "_answer", answer)
+    probe = b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Request-ID: probe\r\n\r\n"
+
+    async def one_write(url: str, head: bytes, ids: tuple[str, ...]) -> list[tuple[int, str]]:
+        requests = b"".join(http_post(i, **{"X-Request-ID": i}) for i in ids)
+        reader, writer = await raw_request(url, head + requests)
+        try:
+            answers = [await read_answer(reader) for _ in range(len(ids) + bool(head))]
+        finally:
+            writer.close()
+        return [(status, headers["x-request-id"]) for status, headers, _ in answers]
+
+    async def scenario(url: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        await _fill(url)
+        # Bodies of other lengths: no retries of one another (the tarpit holds a retry).
+        edge = await one_write(url, b"", ("e-1", "ee-2", "eee-3"))
+        return edge, await one_write(url, probe, ("q-1", "qq-2"))
+
+    with full() as (served, _):
+        edge, pipelined = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        assert edge == [(503, "e-1"), (503, "ee-2"), (503, "eee-3")]
+        assert pipelined == [(200, "probe"), (503, "q-1"), (503, "qq-2")]
+        assert through_app == ["q-1", "qq-2"]
