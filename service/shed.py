@@ -61,9 +61,8 @@ class ShedGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" and "state" in scope:
-            scope["state"][HEAD_SHEDDER] = (
-                self  # for the edge (`shed_now`); each request's copy too
-            )
+            # For the edge (`shed_now`): uvicorn hands this state to each connection's protocol.
+            scope["state"][HEAD_SHEDDER] = self
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
