@@ -186,20 +186,25 @@ def test_another_request_on_the_same_connection_is_not_held(full: Full) -> None:
         assert first[0] == second[0] == 503 and first[1] < 0.3 and second[1] < 0.3
 
 
-def test_the_edge_writes_a_shed_itself_as_the_app_would(
-    full: Full, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A shed decided from the head is written by the HTTP edge: the app's shed answer is never
-    called for it. A request the edge leaves to the app (one through a proxy: X-Forwarded-For)
-    gets the same status, headers and body from the app's path; each is counted once."""
-    through_app: list[str] = []
+@pytest.fixture
+def through_app(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The request ids of the sheds answered by the app's path (`ShedGate._answer`), in order;
+    a shed the edge writes itself never gets there."""
+    ids: list[str] = []
     app_answer = ShedGate._answer
 
     async def answer(self: ShedGate, scope: Any, *args: Any) -> None:
-        through_app.append(scope["state"]["request_id"])
+        ids.append(scope["state"]["request_id"])
         await app_answer(self, scope, *args)
 
     monkeypatch.setattr(ShedGate, "_answer", answer)
+    return ids
+
+
+def test_the_edge_writes_a_shed_itself_as_the_app_would(full: Full, through_app: list[str]) -> None:
+    """A shed decided from the head is written by the HTTP edge: the app's shed answer is never
+    called for it. A request the edge leaves to the app (one through a proxy: X-Forwarded-For)
+    gets the same status, headers and body from the app's path; each is counted once."""
 
     async def scenario(url: str) -> list[tuple[int, dict[str, str], bytes]]:
         await _fill(url)
@@ -226,21 +231,11 @@ def test_the_edge_writes_a_shed_itself_as_the_app_would(
         assert sample("pipeline_server_shed_total", reason="queue_full") - shed_before == 2
 
 
-def test_requests_in_one_write_are_answered_in_order(
-    full: Full, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_requests_in_one_write_are_answered_in_order(full: Full, through_app: list[str]) -> None:
     """Three sheds in one write are each written by the edge as its head ends (the keep-alive
     timer the first one arms must not close the connection under the next two). Behind a
     `GET /livez` in one write, the two sheds are pipelined: they start when the probe's answer
     is sent and take the app's path, in order."""
-    through_app: list[str] = []
-    app_answer = ShedGate._answer
-
-    async def answer(self: ShedGate, scope: Any, *args: Any) -> None:
-        through_app.append(scope["state"]["request_id"])
-        await app_answer(self, scope, *args)
-
-    monkeypatch.setattr(ShedGate, "_answer", answer)
     probe = b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Request-ID: probe\r\n\r\n"
 
     async def one_write(url: str, head: bytes, ids: tuple[str, ...]) -> list[tuple[int, str]]:
