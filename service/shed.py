@@ -44,6 +44,7 @@ from service.runtime import Runtime, arrival
 _PURGE_EVERY_S = 5.0
 
 Key = tuple[object, str, bytes | None]  # (client (host, port), path, Content-Length)
+_PASSED = "service.shed.passed"  # set in a request's state by `shed_now`: no shed from its head
 
 
 class ShedGate:
@@ -64,6 +65,9 @@ class ShedGate:
             # For the edge (`shed_now`): uvicorn hands this state to each connection's protocol.
             scope["state"][HEAD_SHEDDER] = self
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        if scope["state"].pop(_PASSED, False):  # the edge found no reason to shed just now
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -100,6 +104,7 @@ class ShedGate:
             return None
         refusal = self.runtime.refusal(scope, headers.get(b"x-request-timeout"))
         if refusal is None:
+            scope["state"][_PASSED] = True  # the app's gate need not decide it again
             return None
         key = _request_key(scope, headers)
         if self.tarpit and isinstance(refusal, Overloaded) and self._early_by(key) > 0:
