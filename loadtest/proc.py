@@ -105,7 +105,8 @@ class CpuSplit:
 
     def summary(self, requests: int, inputs: int) -> dict[str, float]:
         """The figures the benchmark prints: ms of loop CPU per request, ms of inference-thread
-        and torch-pool CPU per input, cores used by each role, and the loop's states."""
+        and torch-pool CPU per input, cores used by each role, cores' worth of time each role
+        was runnable but waited for a CPU (schedstat's second field), and the loop's states."""
         cpu = self.cpu_s
         out = {
             "loop_ms_per_request": 1000 * cpu.get("loop", 0.0) / max(1, requests),
@@ -113,6 +114,8 @@ class CpuSplit:
             "other_ms_per_input": 1000 * cpu.get("other", 0.0) / max(1, inputs),
             **{f"{role}_cores": s / self.wall_s for role, s in cpu.items()},
             "loop_runnable_share": self.runnable_s.get("loop", 0.0) / self.wall_s,
+            # cores' worth of time each role was runnable but waited for a CPU
+            **{f"{role}_waiting_cores": s / self.wall_s for role, s in self.runnable_s.items()},
         }
         out.update({f"loop_{state}_share": share for state, share in self.loop_states.items()})
         return out

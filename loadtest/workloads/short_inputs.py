@@ -312,8 +312,9 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "| round | clients | limit (b) before | server | limit (b) after | ratio | batches alone "
-        "| server / alone | forward under load | busy | loop ms/req | other CPU (server, limit) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| server / alone | forward under load | busy | model waits for a core | loop ms/req "
+        "| other CPU (server, limit) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for n, points in res["paired"].items():
         for p in points:
@@ -322,7 +323,7 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
                 f"{p['limit_b_after']:.1f} | {p['ratio']:.2f} | "
                 f"{common.ms(p.get('alone_inputs_per_s'))} | {p['over_alone']:.2f} | "
                 f"{p.get('forward_slowdown', float('nan')):.2f}x | {p.get('busy', 0):.0%} | "
-                f"{p['loop_ms_per_request']:.2f} | {p['other_cpu']:.0%}, "
+                f"{_model_waiting(p)} | {p['loop_ms_per_request']:.2f} | {p['other_cpu']:.0%}, "
                 f"{p.get('limit_other_cpu', float('nan')):.0%} |"
             )
     s = res["summary"]
@@ -340,6 +341,15 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _model_waiting(point: dict[str, Any]) -> str:
+    """Cores' worth of time the inference thread and torch's pool were runnable but waited for
+    a CPU (taken by the loop, the client or each other), as a share of one core."""
+    keys = ("inference_waiting_cores", "other_waiting_cores")
+    if not any(k in point for k in keys):
+        return "-"
+    return f"{sum(point.get(k, 0.0) for k in keys):.1%}"
 
 
 def _ok(point: dict[str, Any]) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -64,6 +66,40 @@ def test_cpu_window_charges_a_named_thread_and_samples_the_loop() -> None:
     assert sum(split.loop_states.values()) == pytest.approx(1.0)  # this thread slept: "other"
     summary = split.summary(requests=10, inputs=5)
     assert summary["inference_ms_per_input"] > 20 and summary["inference_cores"] > 0.3
+
+
+def test_cpu_window_counts_the_time_a_thread_waits_for_a_core() -> None:
+    """A spinning thread sharing its one CPU with a spinning process waits about half the
+    time: schedstat's runnable time, reported as `inference_waiting_cores`."""
+    cpu = min(os.sched_getaffinity(0))
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def spin() -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        ready.set()
+        while not stop.is_set():
+            pass
+
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(rival.pid, {cpu})
+        busy = threading.Thread(target=spin, name="busy")
+        busy.start()
+        ready.wait(5)
+        window = proc.CpuWindow(os.getpid(), {busy.native_id or 0: "inference"})
+        window.start()
+        time.sleep(0.6)
+        split = window.stop()
+        stop.set()
+        busy.join()
+    finally:
+        stop.set()
+        rival.kill()
+        rival.wait()
+    summary = split.summary(requests=1, inputs=1)
+    assert 0.2 < summary["inference_waiting_cores"] < 0.8
+    assert 0.2 < summary["inference_cores"] < 0.8
 
 
 def test_roles_and_syscall_states() -> None:
@@ -174,6 +210,7 @@ def test_short_inputs_summary_and_table() -> None:
             for r, x, y in ((1, 0.7, 0.9), (2, 0.8, 0.95), (3, 0.75, 1.0))
         ]
     }
+    paired[32][0].update(inference_waiting_cores=0.03, other_waiting_cores=0.015)
     res: dict[str, Any] = {
         "task": "text-classification",
         "answer": "labels",
@@ -191,6 +228,8 @@ def test_short_inputs_summary_and_table() -> None:
         }
     )
     assert "throughput / limit (b) 0.75 (target >= 0.78)" in text
+    rounds = [line for line in text.splitlines() if line.startswith(("| 1 | 32 |", "| 2 | 32 |"))]
+    assert "| 4.5% |" in rounds[0] and "| - |" in rounds[1]  # waits for a core, when recorded
     assert "| 32 | 100.0 | 10.0 | 20.0 | 30.0 | 0 | 1.25 | 3.50 | 2.00 | 2% | 1% |" in text
 
 
