@@ -64,15 +64,12 @@ class ShedGate:
         if scope["type"] == "lifespan" and "state" in scope:
             # For the edge (`shed_now`): uvicorn hands this state to each connection's protocol.
             scope["state"][HEAD_SHEDDER] = self
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
-            await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["state"].pop(_PASSED, False):
+            await self.app(scope, receive, send)  # (passed: the edge found no reason to shed)
             return
-        if scope["state"].pop(_PASSED, False):  # the edge found no reason to shed just now
+        headers = self._sheddable(scope)
+        if headers is None:
             await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        if self._key is not None and not self._authorized(headers):
-            await self.app(scope, receive, send)  # the route answers 401
             return
         asked = headers.get(b"x-request-timeout")
         refusal = self.runtime.refusal(scope, asked)
@@ -94,13 +91,9 @@ class ShedGate:
         go to the app: not a `POST` to an inference route, not shed, an early retry (the app
         holds it), unauthorized (the route answers 401), or carrying `X-Forwarded-For` (the
         client the tarpit keys on is then uvicorn's proxy-headers middleware's to set)."""
-        if scope["method"] != "POST" or scope["path"] not in self.paths:
-            return None
         started = time.perf_counter()
-        headers = dict(scope["headers"])
-        if b"x-forwarded-for" in headers:
-            return None
-        if self._key is not None and not self._authorized(headers):
+        headers = self._sheddable(scope)
+        if headers is None or b"x-forwarded-for" in headers:
             return None
         refusal = self.runtime.refusal(scope, headers.get(b"x-request-timeout"))
         if refusal is None:
@@ -114,6 +107,17 @@ class ShedGate:
         answer_headers.append((b"x-request-id", request_id.encode()))
         context.record(scope, request_id, status, time.perf_counter() - started)
         return status, answer_headers, body
+
+    def _sheddable(self, scope: Scope) -> dict[bytes, bytes] | None:
+        """The headers of a request this gate may shed: a `POST` to an inference route,
+        authorized when an API key is set. None for any other: the app answers it (an
+        unauthorized one gets the route's 401)."""
+        if scope["method"] != "POST" or scope["path"] not in self.paths:
+            return None
+        headers = dict(scope["headers"])
+        if self._key is not None and not self._authorized(headers):
+            return None
+        return headers
 
     def _early_by(self, key: Key) -> float:
         """Seconds until the Retry-After of this request's last shed has passed (0: not early,
