@@ -1,7 +1,7 @@
 """Validate answers against the Hugging Face Inference API task specs copied in `tests/specs/`.
 
-Where a spec and the client users run disagree, the client wins (README, "Where the spec and
-the client disagree"), and the check follows the client:
+Where a spec and the client users run disagree, the client wins (docs/api.md, "Where a spec
+and the client disagree"), and the check follows the client:
 - text-classification answers one list of `{label, score}` per input (a single input: a list
   holding one list, which `InferenceClient.text_classification` reads as `response[0]`); each
   inner list is checked against the spec's output;
