@@ -8,8 +8,9 @@ HAProxy health-checks ``/readyz`` (``loadtest.haproxy``). The client is aiohttp,
 
 Scenarios, in order (rates are shares of the measured ``capacity``):
 
-- ``capacity``: 32 polite closed-loop clients (a 503 waits its Retry-After) for ``--seconds``:
-  the three replicas' summed capacity, answers per second (they share this machine's cores).
+- ``capacity``: 96 polite closed-loop clients (a 503 waits its Retry-After) for ``--seconds``,
+  fewer than the replicas' queues hold (3 x 64): the three replicas' summed capacity, answers
+  per second (they share this machine's cores).
 - ``healthy``: an open-loop steady rate (``--load`` x capacity) for ``--seconds``, leastconn.
 - ``rolling``: the same rate while each replica is replaced in turn as the chart's rolling
   update does it (maxSurge 1, maxUnavailable 0): start the new one, wait until HAProxy sees
@@ -20,11 +21,12 @@ Scenarios, in order (rates are shares of the measured ``capacity``):
   ``--slow-cpu`` of a core (a cgroup CPU quota; MODEL_NICE=19 where cgroups cannot be
   written). Target, leastconn: p95 within ``P95_FACTOR`` x healthy's and shed rate at most
   healthy's + ``SHED_MARGIN``; round-robin is reported beside it.
-- ``storm``: 192 clients that resend the moment they are answered, 503 or not (no
-  Retry-After honoured), for ``--seconds``. Target: goodput (200s/s) >= 0.8 x capacity.
+- ``storm``: 480 clients (2.5 x what the replicas' queues hold) that resend the moment they
+  are answered, 503 or not (no Retry-After honoured), for ``--seconds``. Target: goodput
+  (200s/s) >= 0.8 x capacity.
 
 Each scenario prints requests sent, answered (200), failed (anything but 200 and 503,
-connection errors included), shed (503), and p50/p95 of the answered.
+connection errors included, with their statuses), shed (503), and p50/p95 of the answered.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +175,13 @@ class Tally:
             f"failed {self.failed:>4}  shed {self.shed:>5}  "
             f"p50 {1000 * self.percentile(0.5):7.1f} ms  p95 {1000 * self.percentile(0.95):7.1f} ms"
             f"  ({rate:.1f} answers/s over {self.seconds:.1f} s)"
+            + (f"  failed: {self.failures()}" if self.failed else "")
         )
+
+    def failures(self) -> str:
+        """The failed requests by status (0: connection error), e.g. `504 x 12`."""
+        counts = Counter(s for s in self.statuses if s not in (200, 503))
+        return ", ".join(f"{status} x {n}" for status, n in sorted(counts.items()))
 
 
 @dataclass(frozen=True)
@@ -314,7 +323,7 @@ async def _run(args: argparse.Namespace, workdir: Path) -> list[str]:
             for s in new:
                 proxy.wait_status(s.name, "DOWN")
         say(f"three replicas ready; haproxy {least.url} (leastconn), {robin.url} (roundrobin)")
-        capacity = await closed_loop(least.url, "capacity", 32, args.seconds, polite=True)
+        capacity = await closed_loop(least.url, "capacity", 96, args.seconds, polite=True)
         say(capacity.row())
         cap = capacity.answered / capacity.seconds
         rate = args.load * cap
@@ -323,7 +332,7 @@ async def _run(args: argparse.Namespace, workdir: Path) -> list[str]:
         healthy = await steady(least.url, "healthy", rate, for_seconds(args.seconds))
         say(healthy.row())
 
-        storm = await closed_loop(least.url, "storm", 192, args.seconds, polite=False)
+        storm = await closed_loop(least.url, "storm", 480, args.seconds, polite=False)
         say(storm.row())
         goodput = storm.answered / storm.seconds
         say(f"  storm goodput {goodput:.1f}/s = {goodput / cap:.2f} x capacity")
