@@ -59,7 +59,7 @@ bench: $(VENV)/.dev  ## the benchmark's workloads (about 50 minutes; see loadtes
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
 
 # Three replicas behind HAProxy (apt-get install haproxy): capacity, steady load, a retry
-# storm, a slow replica (leastconn, round-robin), a rolling update; about 4 minutes.
+# storm, a slow replica (leastconn, round-robin), a rolling update; about 5 minutes.
 replicas: $(VENV)/.dev  ## three replicas behind HAProxy: rolling update, slow replica, storm
 	$(BIN)/python -m loadtest.replicas $(REPLICAS_ARGS)
 

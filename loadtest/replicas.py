@@ -1,6 +1,6 @@
 """Three replicas behind HAProxy on one machine: a rolling update, a slow replica, a retry storm.
 
-``python -m loadtest.replicas`` (``make replicas``; about 4 minutes here; needs Debian's
+``python -m loadtest.replicas`` (``make replicas``; about 5 minutes here; needs Debian's
 ``haproxy``). Every replica is the real server (``pipeline-server``, one gunicorn worker,
 ``TORCH_NUM_THREADS=1``) with the embedded all-MiniLM-L6-v2 model on a free 127.0.0.1 port;
 HAProxy health-checks ``/readyz`` (``loadtest.haproxy``). The client is aiohttp, sending
