@@ -10,7 +10,7 @@ TOOLS       := .tools/bin
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run install dev test lint typecheck unit chart-tools image-test bench locust clean
+.PHONY: run install dev test lint typecheck unit chart-tools image-test bench locust clean replicas
 
 run: $(VENV)/.installed  ## serve the default (embedded) model on http://localhost:8000
 	$(BIN)/pipeline-server
@@ -57,6 +57,11 @@ image-test:  ## build the image with podman and test it (minutes; root on Debian
 # minutes a phase). Needs wrk (apt-get install wrk) and py-spy (dev extras).
 bench: $(VENV)/.dev  ## the benchmark's workloads (about 50 minutes; see loadtest/workloads)
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
+
+# Three replicas behind HAProxy (apt-get install haproxy): capacity, steady load, a retry
+# storm, a slow replica (leastconn, round-robin), a rolling update; about 5 minutes.
+replicas: $(VENV)/.dev  ## three replicas behind HAProxy: rolling update, slow replica, storm
+	$(BIN)/python -m loadtest.replicas $(REPLICAS_ARGS)
 
 HOST_URL ?= http://127.0.0.1:8000
 locust: $(VENV)/.dev  ## a 60 s step-up run against a running server, with the SLO gate

@@ -300,6 +300,7 @@ class Batcher:
         ]
         if not live:
             return
+        self.queue.started(live)  # their requests run (`service.occupancy`)
         now = time.monotonic()
         for item in live:
             metrics.QUEUE_WAIT.observe(now - item.enqueued_at)

@@ -76,3 +76,17 @@ def request_metrics(route: str, status: int) -> tuple[Any, Any]:
     """The (requests_total, request_duration_seconds) children of one route and status, looked
     up once: `labels()` costs a lock and a dict lookup on every request otherwise."""
     return REQUESTS.labels(route, str(status)), REQUEST_SECONDS.labels(route)
+
+
+# The Gateway API Inference Extension's model-server gauges (service/occupancy.py): a request
+# counts once, whatever its inputs.
+REQUESTS_WAITING = Gauge(
+    _P + "requests_waiting",
+    "Requests with inputs queued and none in the running batch "
+    "(the Gateway API Inference Extension's TotalQueuedRequests).",
+)
+REQUESTS_RUNNING = Gauge(
+    _P + "requests_running",
+    "Requests with inputs in the batch being computed "
+    "(the Gateway API Inference Extension's TotalRunningRequests).",
+)

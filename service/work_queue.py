@@ -19,6 +19,7 @@ from service.admission import ServiceTimeEstimate
 from service.errors import Overloaded
 from service.jobs import Unit
 from service.model import Prepared
+from service.occupancy import Occupancy, RequestTally
 
 
 @dataclass(eq=False, kw_only=True)
@@ -32,6 +33,7 @@ class Item:
     cancel_reason: str = "client_disconnect"  # set by the loop before it cancels the future
     prepared: Prepared | None = None
     passed_over: int = 0  # batches formed from its parameter group without it
+    tally: RequestTally | None = None  # its request's stage, set when queued (`occupancy`)
 
 
 class WorkQueue:
@@ -39,6 +41,7 @@ class WorkQueue:
 
     `depth` counts every input waiting: handed over but not yet in a running batch. The lock
     is held only for list operations, so the event loop never waits on inference.
+    `occupancy` counts requests instead of inputs (waiting, running: `service.occupancy`).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -46,6 +49,7 @@ class WorkQueue:
         self._new: deque[Item] = deque()
         self._depth = 0
         self._cond = threading.Condition()
+        self.occupancy = Occupancy(metrics.REQUESTS_WAITING, metrics.REQUESTS_RUNNING)
 
     @property
     def depth(self) -> int:
@@ -81,11 +85,15 @@ class WorkQueue:
         return None
 
     def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
-        """Queue all of `items` or none: raise `Overloaded` when full or too slow for them."""
+        """Queue all of `items` (one request's inputs) or none: raise `Overloaded` when full
+        or too slow for them."""
         with self._cond:
             refusal = self.refusal(len(items), min(i.deadline for i in items), estimate)
             if refusal is not None:
                 raise refusal
+            tally = self.occupancy.admit([i.future for i in items])
+            for item in items:
+                item.tally = tally
             self._new.extend(items)
             self._depth += len(items)
             metrics.QUEUE_DEPTH.set(self._depth)
@@ -105,6 +113,10 @@ class WorkQueue:
         with self._cond:
             self._depth -= n
             metrics.QUEUE_DEPTH.set(self._depth)
+
+    def started(self, items: list[Item]) -> None:
+        """`items` (futures just marked running) are in the batch being computed now."""
+        self.occupancy.start((i.tally, i.future) for i in items)
 
     def wake(self) -> None:
         with self._cond:
