@@ -135,10 +135,15 @@ def check_finite(engine: EncoderEngine) -> EncoderEngine:
     units = [Unit(op=op, text=t, params={"truncate": True}) for t in _CHECK_TEXTS]
     answers = engine.run([engine.prepare(u) for u in units])
     values = [a.values if isinstance(a, sparse.SparseVector) else a for a in answers]
-    if not all(np.isfinite(v).all() for v in values):
-        raise NonFiniteOutput(
-            f"the model's embeddings are not finite (NaN or inf) in {info.dtype} on "
-            f"{info.device}: serve it in float32 (DTYPE=float32); some models, e.g. "
-            "EmbeddingGemma, overflow in float16"
-        )
-    return engine
+    if all(np.isfinite(v).all() for v in values):
+        return engine
+    hint = (
+        "its weights give NaN or inf even in float32 (a broken checkpoint?)"
+        if info.dtype == "float32"
+        else "serve it in float32 (DTYPE=float32); some models, e.g. EmbeddingGemma, overflow "
+        "in float16"
+    )
+    raise NonFiniteOutput(
+        f"the model's embeddings are not finite (NaN or inf) in {info.dtype} on "
+        f"{info.device}: {hint}"
+    )
