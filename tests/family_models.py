@@ -93,19 +93,23 @@ def sentence_model(
     *,
     normalize: bool = True,
     seed: int = 0,
+    base: Path | None = None,
     **st_kwargs: Any,
 ) -> Path:
     """`SentenceTransformer([Transformer, Pooling, Dense(out, activation)..., Normalize])`
     saved in `folder`; `dense` lists each Dense module's (out_features, torch activation
-    class name, e.g. "Tanh", "Identity", "GELU")."""
+    class name, e.g. "Tanh", "Identity", "GELU"). `base`: an existing backbone folder (e.g.
+    the embedded all-MiniLM-L6-v2, for real compute) instead of a tiny `kind`."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Dense, Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    base = backbone(kind, folder.with_name(folder.name + "-backbone"), seed)
-    modules: list[Any] = [Transformer(str(base)), Pooling(HIDDEN, pooling_mode=modes)]
-    width = HIDDEN * len(modes)
+    base = base or backbone(kind, folder.with_name(folder.name + "-backbone"), seed)
+    transformer = Transformer(str(base))
+    hidden = transformer.get_embedding_dimension()
+    modules: list[Any] = [transformer, Pooling(hidden, pooling_mode=modes)]
+    width = hidden * len(modes)
     torch.manual_seed(seed + 1)
     for out, activation in dense:
         modules.append(Dense(width, out, activation_function=getattr(torch.nn, activation)()))

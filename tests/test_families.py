@@ -32,7 +32,7 @@ from starlette.testclient import TestClient
 
 from service import pooling
 from service.families import NonFiniteOutput
-from service.loading import infer_task, load_engine, preflight
+from service.loading import default_model_dir, infer_task, load_engine, preflight
 from service.settings import Settings
 
 TOL = 1e-4
@@ -54,6 +54,10 @@ DENSE: dict[str, Callable[[Path], Path]] = {
     "modernbert": lambda d: sentence_model(d, "modernbert", ("mean",)),
     "xlm-roberta": lambda d: sentence_model(d, "xlm-roberta", ("mean",)),
     "gemma3": lambda d: sentence_model(d, "gemma3", ("mean",)),
+    # Real compute: all-MiniLM-L6-v2's encoder with a seeded LaBSE-style head.
+    "minilm-dense": lambda d: sentence_model(
+        d, "bert", ("mean",), ((64, "Tanh"),), base=Path(default_model_dir())
+    ),
 }
 SPARSE: dict[str, Callable[[Path], Path]] = {
     "splade-max": lambda d: splade_model(d, "max"),
