@@ -68,9 +68,9 @@ def splade_pool(
     import torch
 
     x = logits.float() * attention_mask.to(device=logits.device, dtype=torch.float32).unsqueeze(-1)
-    x = x.relu().log1p()
+    x = x.relu_().log1p_()  # in place: x is a fresh [B, L, V] tensor, the batch's largest
     if spec.activation == "log1p_relu":
-        x = x.log1p()
+        x = x.log1p_()
     return x.amax(dim=1) if spec.strategy == "max" else x.sum(dim=1)
 
 
