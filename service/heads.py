@@ -151,8 +151,16 @@ def apply_dense(x: torch.Tensor, heads: tuple[DenseHead, ...]) -> torch.Tensor:
 
     x = x.float()
     for head in heads:
-        out = head.activation(F.linear(x, head.weight, head.bias))
+        # `.to` is free when the head already sits where x is; it is not when a backend hands
+        # back CPU tensors from a model on another device.
+        weight, bias = head.weight.to(x.device), _on(head.bias, x.device)
+        out = head.activation.to(x.device)(F.linear(x, weight, bias))
         if head.spec.use_residual:
-            out = out + (x if head.residual is None else F.linear(x, head.residual))
+            residual = _on(head.residual, x.device)
+            out = out + (x if residual is None else F.linear(x, residual))
         x = out
     return x
+
+
+def _on(t: torch.Tensor | None, device: Any) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
