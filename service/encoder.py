@@ -10,8 +10,9 @@ Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_inp
 else 422 naming the limit), `direction` ("right"/"left": which end truncation cuts),
 `strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
 sentence-transformers `prompts`), `normalize` (bool), `dimensions` (int: keep the first N, then
-normalize), `function_to_apply` and `top_k` (classify), `add_special_tokens` (tokenize),
-`skip_special_tokens` (decode), `count_tokens` (answer `jobs.Counted`).
+normalize), `max_active_dims` (sparse: keep the k largest), `function_to_apply` and `top_k`
+(classify), `add_special_tokens` (tokenize), `skip_special_tokens` (decode), `count_tokens`
+(answer `jobs.Counted`).
 """
 
 from __future__ import annotations
