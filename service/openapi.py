@@ -252,6 +252,8 @@ def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -
             node["maxItems"] = settings.max_client_batch_size - int(node.pop(schemas.MAX_INPUTS))
         if node.pop(schemas.PROMPT_NAME, None):
             node = {**node, "enum": sorted(info.prompts)} if info.prompts else {"not": {}}
+        if node.pop(schemas.DENSE_ONLY, None) and info.sparse:
+            return {"not": {}}  # the null beside it stays: a sparse model takes only null
         if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:
             node["maximum"] = info.dimension
         if node.pop(schemas.TOKEN_ID, None):

@@ -38,6 +38,7 @@ from service.protocols.serving import require
 from service.schemas import (
     Dimensions,
     NonBlank,
+    Normalize,
     PromptName,
     RawText,
     check_list,
@@ -70,7 +71,7 @@ Texts = Annotated[
 
 class FeatureExtractionRequest(_Request):
     inputs: Texts
-    normalize: bool | None = None
+    normalize: Normalize | None = None
     prompt_name: PromptName | None = None
     truncate: bool | None = None
     truncation_direction: Literal["left", "right"] | None = None
