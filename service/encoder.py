@@ -10,8 +10,9 @@ Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_inp
 else 422 naming the limit), `direction` ("right"/"left": which end truncation cuts),
 `strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
 sentence-transformers `prompts`), `normalize` (bool), `dimensions` (int: keep the first N, then
-normalize), `function_to_apply` and `top_k` (classify), `add_special_tokens` (tokenize),
-`skip_special_tokens` (decode), `count_tokens` (answer `jobs.Counted`).
+normalize), `max_active_dims` (sparse: keep the k largest), `function_to_apply` and `top_k`
+(classify), `add_special_tokens` (tokenize), `skip_special_tokens` (decode), `count_tokens`
+(answer `jobs.Counted`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from service import pooling
+from service import families, pooling
 from service.errors import InvalidInput
 from service.jobs import Counted, Op, Unit
 from service.model import ModelInfo, Prepared, prepare_each
@@ -56,6 +57,7 @@ class EncoderEngine:
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
         self.types = "token_type_ids" in tok.model_input_names
         self._prompt_tokens: dict[str, int] = {}
+        self.heads = families.load_heads(sentence, pipe.device)  # Dense modules, float32
 
     # -- per unit ------------------------------------------------------------------------
     def prepare(self, unit: Unit) -> Prepared:
@@ -233,18 +235,28 @@ class EncoderEngine:
         if self.info.kind == "classifier":
             logits = out.logits.float().cpu()
             return [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
-        hidden = out[0].float()
+        return _with_counts(batch, self._answers(batch, out[0], inputs["attention_mask"], lengths))
+
+    def _answers(self, batch: list[Prepared], first: Any, mask: Any, lengths: Any) -> list[Any]:
+        """Each unit's answer from the model's first output (`first`: [B, L, H] token rows, or
+        a masked-LM model's [B, L, vocab] logits): pooled (+ Dense heads), SPLADE, or rows."""
+        hidden = first.float()
         answers: list[Any] = [None] * len(batch)
-        pooled_rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED]
-        if pooled_rows:
-            self._pool_into(answers, batch, hidden, inputs["attention_mask"], pooled_rows)
+        for found in (
+            families.embed_rows(self, batch, hidden, mask),
+            families.sparse_rows(self, batch, hidden, mask),
+        ):
+            for i, answer in found.items():
+                answers[i] = answer
+        if not any(p.unit.op is Op.ROWS for p in batch):
+            return answers
         rows = hidden.cpu().numpy()
         width = rows.shape[1]
         for i, p in enumerate(batch):
             if p.unit.op is Op.ROWS:
                 n = int(lengths[i])
                 answers[i] = rows[i, width - n :] if self.left else rows[i, :n]
-        return _with_counts(batch, answers)
+        return answers
 
     def _pad(self, encoded: list[Encoded], lengths: np.ndarray) -> dict[str, Any]:
         import torch
@@ -263,29 +275,6 @@ class EncoderEngine:
         if types is not None:
             out["token_type_ids"] = torch.from_numpy(types)
         return out
-
-    def _pool_into(
-        self, answers: list[Any], batch: list[Prepared], hidden: Any, mask: Any, rows: list[int]
-    ) -> None:
-        import torch
-
-        modes = self.info.pooling
-        assert modes is not None
-        index = torch.tensor(rows)
-        prompt = torch.tensor([batch[i].payload.prompt_tokens for i in rows])
-        mask = mask.to(hidden.device)
-        vectors = pooling.pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
-        for j, i in enumerate(rows):
-            params = batch[i].unit.params
-            answers[i] = (
-                pooling.finish(
-                    vectors[j : j + 1],
-                    normalize=bool(params.get("normalize", True)),
-                    dimensions=params.get("dimensions"),
-                )[0]
-                .cpu()
-                .numpy()
-            )
 
     def _classified(self, unit: Unit, logits: Any) -> Any:
         """`logits`: float32 [labels]; `classify`: what the text-classification pipeline

@@ -16,6 +16,7 @@ Ops and the answer each unit gets (`service.encoder` / `service.model` compute t
 | `pipeline` | text | the pipeline's own answer (fill-mask, token-classification) |
 | `tokenize` | text | [{id, text, special, start, stop}]: no forward |
 | `decode` | ids | str: no forward |
+| `sparse` | text (or ids) | `service.sparse.SparseVector`: a SPLADE model's non-zero weights |
 
 A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens
 its input took (after truncation, prompt and special tokens included), for usage counts; the
@@ -38,6 +39,7 @@ class Op(StrEnum):
     PIPELINE = "pipeline"
     TOKENIZE = "tokenize"
     DECODE = "decode"
+    SPARSE = "sparse"
 
 
 #: Ops answered in the inference thread without a forward pass (they never enter a batch).
@@ -81,6 +83,7 @@ class Job:
     units: Sequence[Unit]
     finish: Callable[[list[Any]], Any] = _identity
     paths: Sequence[str] | None = None
+    headers: Mapping[str, str] | None = None  # extra response headers (e.g. `Warning`)
 
     @property
     def inputs(self) -> int:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from service import pooling
+from service import families, pooling
 from service.encoder import EncoderEngine
 from service.jobs import Op
 from service.model import Engine, Kind, ModelInfo, PipelineEngine
@@ -38,6 +38,7 @@ _NLI_LABELS = {"entailment", "neutral", "contradiction", "not_entailment"}
 _ENCODER_OPS = (Op.EMBED, Op.ROWS, Op.TOKENIZE, Op.DECODE)
 _CLASSIFIER_OPS = (Op.CLASSIFY, Op.LOGITS, Op.TOKENIZE, Op.DECODE)
 _PIPELINE_OPS = (Op.PIPELINE,)
+_SPARSE_OPS = (Op.SPARSE, Op.TOKENIZE, Op.DECODE)
 
 log = structlog.get_logger("service.loading")
 
@@ -64,6 +65,8 @@ def infer_task(model_id: str, settings: Settings) -> str:
         if task not in SUPPORTED_TASKS:
             raise ValueError(f"TASK={settings.task} is not supported; use one of {SUPPORTED_TASKS}")
         return task
+    if _is_splade(model_id, settings):  # a *ForMaskedLM model, served as sparse embeddings
+        return "feature-extraction"
     config = _config(model_id, settings)
     architectures = config.get("architectures") or []
     for arch in architectures:
@@ -86,6 +89,19 @@ def _config(model_id: str, settings: Settings) -> dict[str, Any]:
         model_id, revision=settings.revision, trust_remote_code=settings.trust_remote_code
     )
     return dict(config.to_dict())
+
+
+def _is_splade(model_id: str, settings: Settings) -> bool:
+    """POOLING=splade, or a local sentence-transformers SparseEncoder folder (SpladePooling)."""
+    if settings.pooling == "splade":
+        return True
+    if settings.pooling == "none" or not Path(model_id).is_dir():
+        return False
+    try:
+        found = pooling.read_sentence_config(Path(model_id))
+    except (pooling.UnsupportedModel, ValueError, OSError):
+        return False  # refused with its message where the task needs it (preflight)
+    return found is not None and found.splade is not None
 
 
 def _is_nli(label2id: dict[str, int]) -> bool:
@@ -148,6 +164,7 @@ def load_engine(settings: Settings) -> Engine:
     weights = model_id
     if sentence is not None and sentence.transformer_path and Path(model_id).is_dir():
         weights = str(Path(model_id) / sentence.transformer_path)  # its Transformer module
+    _warn_if_splade_as_fill_mask(model_id, settings, task)
     pipe = pipeline(
         task,
         model=weights,
@@ -156,6 +173,7 @@ def load_engine(settings: Settings) -> Engine:
         dtype=dtype,
         trust_remote_code=settings.trust_remote_code,
     )
+    pipe.model = _masked_lm_for_splade(pipe, weights, sentence, settings)
     pipe.model.eval()
     if settings.dtype == "int8":
         pipe.model = _quantize_int8(pipe.model)
@@ -171,7 +189,7 @@ def load_engine(settings: Settings) -> Engine:
     info = _model_info(settings, model_id, task, pipe, limit, sentence)
     if info.kind == "pipeline":
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
-    return EncoderEngine(pipe, info, sentence)
+    return families.check_finite(EncoderEngine(pipe, info, sentence))
 
 
 def _model_info(
@@ -205,6 +223,8 @@ def _model_info(
         served.discard(Op.CLASSIFY)  # the text-classification answer needs its pipeline
     if kind == "encoder" and sentence is None:
         served.discard(Op.EMBED)
+    if sentence is not None and sentence.splade is not None:
+        served = set(_SPARSE_OPS)  # MLM logits: pooled sparse only, no /embed or token rows
     return ModelInfo(
         # The embedded default by name: its folder is an install path, not for clients.
         model_id=EMBEDDED_MODEL_NAME if model_id == default_model_dir() else model_id,
@@ -218,14 +238,17 @@ def _model_info(
         max_input_tokens=limit,
         mask_token=tok.mask_token if task == "fill-mask" else None,
         vocab_size=len(tok),
-        pooling=sentence.modes if sentence else None,
+        pooling=(sentence.modes or None) if sentence else None,
         normalize=sentence.normalize if sentence else False,
-        dimension=sentence.dimension if sentence else None,
+        dimension=families.served_dimension(sentence, config) if sentence else None,
         labels=labels if kind == "classifier" else (),
         entailment_id=entailment if kind == "classifier" else -1,
         prompts=MappingProxyType(dict(sentence.prompts)) if sentence else MappingProxyType({}),
         default_prompt_name=sentence.default_prompt_name if sentence else None,
         served_name=served_name(settings, model_id),
+        sparse=sentence is not None and sentence.splade is not None,
+        modules=sentence.modules() if sentence else (),
+        matryoshka_dimensions=sentence.matryoshka_dimensions if sentence else None,
     )
 
 
@@ -253,7 +276,34 @@ def _sentence_config(model_id: str, settings: Settings) -> pooling.SentenceConfi
     chosen = pooling.config_for_pooling(settings.pooling, hidden)
     if found is None:
         return chosen
+    if chosen.splade is not None:
+        return dataclasses.replace(found, modes=(), dense=(), normalize=False, splade=chosen.splade)
     return dataclasses.replace(found, modes=chosen.modes, dimension=chosen.dimension)
+
+
+def _warn_if_splade_as_fill_mask(model_id: str, settings: Settings, task: str) -> None:
+    """TASK=fill-mask on a SparseEncoder folder is served as asked, but never silently."""
+    if task == "fill-mask" and _is_splade(model_id, settings):
+        log.warning("splade_model_served_as_fill_mask", hint="unset TASK for sparse embeddings")
+
+
+def _masked_lm_for_splade(
+    pipe: Pipeline, weights: str, sentence: pooling.SentenceConfig | None, settings: Settings
+) -> Any:
+    """The pipeline's model, or for SPLADE the same weights with their masked-LM head (the
+    feature-extraction pipeline loads the bare encoder), so the forward's first output is the
+    [B, L, vocab] logits SPLADE pools; same device and dtype."""
+    if sentence is None or sentence.splade is None:
+        return pipe.model
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(
+        weights,
+        revision=settings.revision,
+        dtype=pipe.model.dtype,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    return model.to(pipe.device)
 
 
 def _local_folder(model_id: str, settings: Settings) -> Path | None:

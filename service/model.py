@@ -64,6 +64,9 @@ class ModelInfo:
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     served_name: str = ""  # the name answers give the model (OpenAI's `model`): no paths
+    sparse: bool = False  # a SPLADE model: sparse embeddings (`Op.SPARSE`), `dimension` = vocab
+    modules: tuple[str, ...] = ()  # the sentence-transformers module chain, for /info
+    matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -84,7 +87,15 @@ class ModelInfo:
             "vocab_size": self.vocab_size,
             "prompts": sorted(self.prompts) or None,
             "default_prompt_name": self.default_prompt_name,
+            "sparse": self.sparse,
+            "modules": list(self.modules) or None,
+            "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
         }
+
+
+def _matryoshka(dims: tuple[int, ...] | None) -> list[int] | str | None:
+    """/info's view: the widths it was trained for, "any", or None (not trained for cuts)."""
+    return None if dims is None else (list(dims) or "any")
 
 
 @dataclass(eq=False, kw_only=True)
@@ -313,6 +324,7 @@ def sample_unit(info: ModelInfo, text: str) -> Unit:
         suffix = f" {info.mask_token}" if info.mask_token else ""
         return Unit(op=Op.PIPELINE, text=text + suffix, params={"truncation": True})
     op = Op.LOGITS if info.kind == "classifier" else Op.EMBED if info.pooling else Op.ROWS
+    op = Op.SPARSE if info.sparse else op
     return Unit(op=op, text=text, params={"truncate": True})
 
 

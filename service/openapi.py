@@ -38,6 +38,10 @@ _RETRY_AFTER = {
     "required": True,
     "schema": {"type": "string", "pattern": "^[0-9]+$"},
 }
+_WARNING = {
+    "description": "299: `dimensions` cut a model not trained for Matryoshka cuts to that width",
+    "schema": {"type": "string"},
+}
 _ERRORS = {
     400: "the body could not be decoded or parsed (invalid UTF-8, malformed JSON, a bad header)",
     401: "API_KEY is set and the bearer token is missing or wrong",
@@ -117,6 +121,9 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
                 openai=e.path.startswith("/v1/"),
             )
         }
+    for path in ("/", "/embed", "/v1/embeddings"):
+        if path in paths and info.dimension is not None and not info.sparse:
+            paths[path]["post"]["responses"]["200"]["headers"]["Warning"] = _WARNING
     paths.update(_own_routes(refs, secured))
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -252,6 +259,8 @@ def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -
             node["maxItems"] = settings.max_client_batch_size - int(node.pop(schemas.MAX_INPUTS))
         if node.pop(schemas.PROMPT_NAME, None):
             node = {**node, "enum": sorted(info.prompts)} if info.prompts else {"not": {}}
+        if node.pop(schemas.DENSE_ONLY, None) and info.sparse:
+            return {"not": {}}  # the null beside it stays: a sparse model takes only null
         if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:
             node["maximum"] = info.dimension
         if node.pop(schemas.TOKEN_ID, None):

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.schemas import INTEGRAL, Dimensions, NonBlank, PromptName
+from service.schemas import INTEGRAL, Dimensions, NonBlank, Normalize, PromptName
 
 Hashable = tuple[tuple[str, Any], ...]
 SUPPORTED_TASKS = (
@@ -37,7 +37,7 @@ class FeatureExtractionParams(Params):
     """Also accepted here (the spec puts them at the body's root, which wins)."""
 
     truncate: bool | None = None
-    normalize: bool | None = None
+    normalize: Normalize | None = None
     prompt_name: PromptName | None = None
     truncation_direction: Literal["left", "right"] | None = None
     dimensions: Dimensions | None = None

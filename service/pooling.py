@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.errors import InvalidInput
+from service.heads import DenseSpec, UnsupportedHead, read_dense
+from service.sparse import ACTIVATIONS, STRATEGIES, SpladeSpec
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +37,13 @@ _LEGACY_MODE_KEYS = {  # pre-6 `1_Pooling/config.json` booleans, in the same ord
     "pooling_mode_lasttoken": "lasttoken",
 }
 _MODE_ALIASES = {"last-token": "lasttoken", "last_token": "lasttoken"}  # TEI's POOLING spelling
-_LAYOUTS = (("Transformer", "Pooling"), ("Transformer", "Pooling", "Normalize"))
+# The module classes we apply, by class name (5.x `sentence_transformers.models.X` and
+# `sentence_transformers.sparse_encoder.models.X`, 6.x `sentence_transformers.<area>.modules.
+# <module>.X` name the same classes); the layouts are checked by `_check_layout`.
+_KNOWN = ("Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling")
+_DENSE_LAYOUT = "Transformer -> Pooling -> Dense (any number) -> optional Normalize"
+_SPARSE_LAYOUT = "Transformer (fill-mask) or MLMTransformer -> SpladePooling"
+_MODEL_TYPES = ("SentenceTransformer", "SparseEncoder")
 _DEFAULT_PROMPTS = {"query": "", "document": ""}  # every SentenceTransformer has these
 _TRANSFORMER_CONFIGS = tuple(  # the names ST tries, first found wins
     f"sentence_{name}_config.json"
@@ -45,6 +53,14 @@ _TRANSFORMER_CONFIGS = tuple(  # the names ST tries, first found wins
 
 class UnsupportedModel(ValueError):
     """A sentence-transformers folder whose embeddings this server cannot reproduce."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Module:
+    """One entry of modules.json: its class name (`Pooling`) and folder (`1_Pooling`)."""
+
+    kind: str
+    path: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,60 +76,137 @@ class SentenceConfig:
     prompts: dict[str, str] = field(default_factory=dict)  # with ST's "query" and "document"
     default_prompt_name: str | None = None
     transformer_path: str = ""  # the folder of the Transformer module, relative ("" = root)
+    dense: tuple[DenseSpec, ...] = ()  # Dense modules after Pooling, in order
+    splade: SpladeSpec | None = None  # a SparseEncoder: SPLADE pooling of MLM logits
+    folder: str = ""  # the model folder the module paths are relative to
+    declared_dimension: int | None = None  # what the Pooling config says (may be wrong)
+    matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
+
+    def modules(self) -> tuple[str, ...]:
+        """The module chain for /info and logs, e.g. `("Transformer", "Pooling(mean)",
+        "Dense(768->768, Tanh)", "Normalize")`."""
+        if self.splade is not None:
+            s = self.splade
+            return ("Transformer(fill-mask)", f"SpladePooling({s.strategy}, {s.activation})")
+        out = ["Transformer", f"Pooling({'+'.join(self.modes)})"]
+        for d in self.dense:
+            act = d.activation.rsplit(".", 1)[-1]
+            out.append(f"Dense({d.in_features}->{d.out_features}, {act})")
+        return (*out, *(("Normalize",) if self.normalize else ()))
 
 
 def read_sentence_config(folder: Path) -> SentenceConfig | None:
-    """Read a sentence-transformers folder; None when it has no `modules.json`.
+    """Read a sentence-transformers folder (5.x or 6.x layout); None without `modules.json`.
 
-    Raises `UnsupportedModel` (naming the module, file or mode) for anything but Transformer ->
-    Pooling -> optional Normalize as sentence-transformers ships them, e.g. Dense modules.
+    Served: Transformer -> Pooling -> Dense... -> optional Normalize (SentenceTransformer) and
+    Transformer/MLMTransformer -> SpladePooling (SparseEncoder). Raises `UnsupportedModel`
+    (naming the module, file or mode) for anything else: a Router, a custom module, a
+    chat-template (message) Transformer, a Normalize on token rows.
     """
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
         return None
-    modules = _read_json(modules_file)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+    entries = _read_json(modules_file)
+    if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
         raise UnsupportedModel("modules.json is not a list of modules")
-    kinds = tuple(_module_kind(entry) for entry in modules)
-    if kinds not in _LAYOUTS:
-        raise UnsupportedModel(
-            f"modules.json lists {' -> '.join(kinds)}: only Transformer -> Pooling -> "
-            "optional Normalize is supported"
-        )
-    paths = [str(entry.get("path", "")) for entry in modules]
-    transformer = _transformer_config(folder / paths[0])
-    pooling = _read_json(folder / paths[1] / "config.json")
-    modes = _pooling_modes(pooling, f"{paths[1]}/config.json")
-    if len(kinds) == 3:
-        _check_normalize(folder / paths[2] / "config.json", paths[2])
+    modules = [Module(kind=_module_kind(e), path=str(e.get("path", ""))) for e in entries]
     st_file = folder / "config_sentence_transformers.json"
     model = _read_json(st_file) if st_file.is_file() else {}
-    if model.get("model_type", "SentenceTransformer") != "SentenceTransformer":
-        raise UnsupportedModel(f"a {model['model_type']} model is not supported (embeddings only)")
-    width = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
-    if not isinstance(width, int):
-        raise UnsupportedModel(f"{paths[1]}/config.json has no embedding_dimension")
+    model_type = model.get("model_type", "SentenceTransformer")
+    if model_type not in _MODEL_TYPES:
+        raise UnsupportedModel(f"a {model_type} model is not supported (embeddings only)")
+    sparse = _check_layout(modules)
+    transformer = _transformer_config(folder / modules[0].path, sparse=sparse)
     prompts = {**_DEFAULT_PROMPTS, **{str(k): str(v) for k, v in model.get("prompts", {}).items()}}
     default = model.get("default_prompt_name")
     if default is not None and default not in prompts:  # SentenceTransformer refuses it too
         raise UnsupportedModel(f"default_prompt_name {default!r} is not one of the prompts")
     max_seq_length = transformer.get("max_seq_length")
+    common: dict[str, Any] = {
+        "include_prompt": True,
+        "max_seq_length": None if max_seq_length is None else int(max_seq_length),
+        "do_lower_case": bool(transformer.get("do_lower_case", False)),
+        "prompts": prompts,
+        "default_prompt_name": default,
+        "transformer_path": modules[0].path,
+        "folder": str(folder),
+    }
+    if sparse:
+        splade = _splade_spec(folder / modules[1].path, modules[1].path)
+        return SentenceConfig(modes=(), dimension=0, normalize=False, splade=splade, **common)
+    pooling = _read_json(folder / modules[1].path / "config.json")
+    modes = _pooling_modes(pooling, f"{modules[1].path}/config.json")
+    if modules[-1].kind == "Normalize":
+        _check_normalize(folder / modules[-1].path / "config.json", modules[-1].path)
+    width = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
+    if not isinstance(width, int):
+        raise UnsupportedModel(f"{modules[1].path}/config.json has no embedding_dimension")
+    try:
+        dense = tuple(read_dense(folder, m.path) for m in modules if m.kind == "Dense")
+    except UnsupportedHead as exc:
+        raise UnsupportedModel(str(exc)) from None
+    common["include_prompt"] = bool(pooling.get("include_prompt", True))
     return SentenceConfig(
         modes=modes,
-        dimension=width * len(modes),
-        include_prompt=bool(pooling.get("include_prompt", True)),
-        normalize=len(kinds) == 3,
-        max_seq_length=None if max_seq_length is None else int(max_seq_length),
-        do_lower_case=bool(transformer.get("do_lower_case", False)),
-        prompts=prompts,
-        default_prompt_name=default,
-        transformer_path=paths[0],
+        dimension=dense[-1].out_features if dense else width * len(modes),
+        normalize=modules[-1].kind == "Normalize",
+        dense=dense,
+        declared_dimension=width * len(modes),
+        matryoshka_dimensions=matryoshka_dimensions(folder),
+        **common,
     )
+
+
+def _check_layout(modules: list[Module]) -> bool:
+    """True for a SPLADE layout, False for a dense one; `UnsupportedModel` for any other."""
+    kinds = [m.kind for m in modules]
+    if kinds in (["Transformer", "SpladePooling"], ["MLMTransformer", "SpladePooling"]):
+        return True
+    middle = kinds[2:-1] if kinds[-1:] == ["Normalize"] else kinds[2:]
+    if kinds[:2] == ["Transformer", "Pooling"] and all(k == "Dense" for k in middle):
+        return False
+    raise UnsupportedModel(
+        f"modules.json lists {' -> '.join(kinds)}: only {_DENSE_LAYOUT}, or "
+        f"{_SPARSE_LAYOUT}, is supported"
+    )
+
+
+def _splade_spec(folder: Path, where: str) -> SpladeSpec:
+    config = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    strategy = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if strategy not in STRATEGIES or activation not in ACTIVATIONS:
+        raise UnsupportedModel(
+            f"SpladePooling ({where}) with pooling_strategy {strategy!r} and activation "
+            f"{activation!r} is not supported; use {STRATEGIES} and {ACTIVATIONS}"
+        )
+    return SpladeSpec(strategy=strategy, activation=activation)
+
+
+def matryoshka_dimensions(folder: Path) -> tuple[int, ...] | None:
+    """The widths a model was trained to be cut to: `matryoshka_dimensions` in config.json
+    (vLLM's key; `is_matryoshka: true` alone: any width, `()`), else `()` when its
+    sentence-transformers model card names MatryoshkaLoss; None when neither says so."""
+    config_file = folder / "config.json"
+    config = _read_json(config_file) if config_file.is_file() else {}
+    listed = config.get("matryoshka_dimensions")
+    if isinstance(listed, list) and all(isinstance(d, int) for d in listed):
+        return tuple(sorted(listed))
+    if config.get("is_matryoshka") is True:
+        return ()
+    card = folder / "README.md"
+    if card.is_file() and "MatryoshkaLoss" in card.read_text(encoding="utf-8", errors="replace"):
+        return ()
+    return None
 
 
 def config_for_pooling(mode: str, hidden_size: int) -> SentenceConfig:
     """A plain model (no modules.json) pooled with one mode (POOLING=<mode>), normalized as TEI
-    does by default; no max_seq_length (the tokenizer's limit)."""
+    does by default; no max_seq_length (the tokenizer's limit). `splade` (TEI's name): a
+    `*ForMaskedLM` model's logits, max-pooled after log1p(relu) (`SpladePooling`'s defaults),
+    not normalized."""
+    if mode == "splade":
+        return SentenceConfig(modes=(), dimension=0, normalize=False, splade=SpladeSpec())
     return SentenceConfig(
         modes=_check_modes([_MODE_ALIASES.get(mode, mode)], "POOLING"), dimension=hidden_size
     )
@@ -126,22 +219,36 @@ def _read_json(path: Path) -> Any:
 def _module_kind(entry: dict[str, Any]) -> str:
     ref = str(entry.get("type", ""))
     kind = ref.rsplit(".", 1)[-1]
-    if ref.startswith("sentence_transformers.") and kind in ("Transformer", "Pooling", "Normalize"):
+    if ref.startswith("sentence_transformers.") and kind in _KNOWN:
         return kind
     where = entry.get("path") or "the model folder"
     raise UnsupportedModel(f"module {ref} (in {where}) is not supported by this server")
 
 
-def _transformer_config(folder: Path) -> dict[str, Any]:
+def _transformer_config(folder: Path, *, sparse: bool) -> dict[str, Any]:
+    """The Transformer module's config (`sentence_bert_config.json` or a legacy name).
+
+    A `message` modality means sentence-transformers 6 renders every text through the
+    tokenizer's chat template (`InputFormatter.batch_to_message`) before tokenizing; the
+    server tokenizes plain text, so such a folder is refused rather than answered differently
+    from `encode`."""
     config: dict[str, Any] = next(
         (_read_json(folder / n) for n in _TRANSFORMER_CONFIGS if (folder / n).is_file()), {}
     )
-    task = config.get("transformer_task", "feature-extraction")
-    modalities = set(config.get("modality_config", {"text": None}))
-    if task != "feature-extraction" or modalities != {"text"} or config.get("processing_kwargs"):
+    wanted = "fill-mask" if sparse else "feature-extraction"
+    task = config.get("transformer_task", wanted)
+    modalities = sorted(config.get("modality_config", {"text": None}))
+    if "message" in modalities:
         raise UnsupportedModel(
-            f"Transformer module (task {task}, modalities {sorted(modalities)}, processing_kwargs "
-            f"{config.get('processing_kwargs')}) is not supported: text feature-extraction only"
+            f"Transformer module declares modalities {modalities}: sentence-transformers renders "
+            "each text through the model's chat template (as a chat message) before tokenizing, "
+            "which this server does not do; its answers would differ from encode. Remove "
+            "'message' from modality_config in sentence_bert_config.json to serve plain text"
+        )
+    if task != wanted or modalities != ["text"] or config.get("processing_kwargs"):
+        raise UnsupportedModel(
+            f"Transformer module (task {task}, modalities {modalities}, processing_kwargs "
+            f"{config.get('processing_kwargs')}) is not supported: text {wanted} only"
         )
     return config
 

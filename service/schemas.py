@@ -34,6 +34,7 @@ MAX_INPUTS = "x-max-inputs"  # an input list: maxItems = MAX_CLIENT_BATCH_SIZE -
 PROMPT_NAME = "x-prompt-name"  # enum: the model's prompt names
 DIMENSIONS = "x-dimensions"  # maximum: the model's embedding width
 TOKEN_ID = "x-token-id"  # maximum: the model's vocabulary size - 1
+DENSE_ONLY = "x-dense-only"  # dense-embedding options: only null on a sparse (SPLADE) model
 
 
 def _integral(value: Any) -> Any:
@@ -50,7 +51,10 @@ INTEGRAL = BeforeValidator(_integral)
 #: Text with something in it (empty and whitespace-only inputs are 422; the validators name them).
 NonBlank = Annotated[str, Field(pattern=r"\S")]
 PromptName = Annotated[str, Field(json_schema_extra={PROMPT_NAME: True})]
-Dimensions = Annotated[int, Field(ge=1, json_schema_extra={DIMENSIONS: True}), INTEGRAL]
+Dimensions = Annotated[
+    int, Field(ge=1, json_schema_extra={DIMENSIONS: True, DENSE_ONLY: True}), INTEGRAL
+]
+Normalize = Annotated[bool, Field(json_schema_extra={DENSE_ONLY: True})]
 TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID: True}), INTEGRAL]
 
 

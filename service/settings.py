@@ -47,9 +47,11 @@ class Settings(BaseSettings):
     truncate: bool = False
     # Sentence-embedding pooling: unset = the model's sentence-transformers config (none: token
     # rows); a mode = pool every model's token rows so (overrides the config's modes); none =
-    # token rows even for a sentence-transformers model.
+    # token rows even for a sentence-transformers model; splade = a *ForMaskedLM model's
+    # logits pooled into sparse embeddings (service.sparse).
     pooling: (
         Literal["cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "none"]
+        | Literal["splade"]
         | None
     ) = None
     torch_num_threads: int | None = Field(None, ge=1)

@@ -293,7 +293,10 @@ def test_read_embedded_config(embedded_model: Path) -> None:
         do_lower_case=False,
         prompts={"query": "", "document": ""},
         default_prompt_name=None,
+        folder=str(embedded_model),
+        declared_dimension=384,
     )
+    assert config.modules() == ("Transformer", "Pooling(mean)", "Normalize")
     assert st_text(" Hi ", config, None) == " Hi "  # ST 6 neither strips nor lower-cases
 
 
@@ -329,7 +332,7 @@ POOLING = ("1_Pooling", "sentence_transformers.models.Pooling")
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
-        (("2_Dense", "sentence_transformers.models.Dense"), r"models\.Dense \(in 2_Dense\)"),
+        (("2_Router", "sentence_transformers.models.Router"), r"models\.Router \(in 2_Router\)"),
         (("2_Custom", "custom_st.MyPooling"), r"custom_st\.MyPooling \(in 2_Custom\)"),
         (("3_LayerNorm", "sentence_transformers.models.LayerNorm"), r"LayerNorm \(in 3_Lay"),
     ],
@@ -342,7 +345,7 @@ def test_unsupported_modules_are_named(tmp_path: Path, extra: tuple[str, str], n
 
 def test_unsupported_layouts_and_modes(tmp_path: Path) -> None:
     normalize = ("2_Normalize", "sentence_transformers.models.Normalize")
-    with pytest.raises(UnsupportedModel, match="Transformer -> Normalize -> Pooling"):
+    with pytest.raises(UnsupportedModel, match="Transformer -> Normalize -> Pooling: only"):
         read_sentence_config(write_modules(tmp_path / "a", [TRANSFORMER, normalize, POOLING]))
     with pytest.raises(UnsupportedModel, match=r"modules\.json lists Transformer:"):
         read_sentence_config(write_modules(tmp_path / "b", [TRANSFORMER]))
@@ -365,8 +368,13 @@ def test_unsupported_layouts_and_modes(tmp_path: Path) -> None:
 def test_config_for_pooling() -> None:
     assert config_for_pooling("cls", 32) == SentenceConfig(modes=("cls",), dimension=32)
     assert config_for_pooling("last-token", 8).modes == ("lasttoken",)  # TEI's spelling
-    with pytest.raises(UnsupportedModel, match="'splade' \\(POOLING\\)"):
-        config_for_pooling("splade", 8)
+    splade = config_for_pooling("splade", 8)
+    assert splade.splade is not None and (splade.splade.strategy, splade.splade.activation) == (
+        "max",
+        "relu",
+    )
+    with pytest.raises(UnsupportedModel, match="'median' \\(POOLING\\)"):
+        config_for_pooling("median", 8)
 
 
 def test_unknown_prompt_name(embedded: tuple[Ours, SentenceTransformer]) -> None:

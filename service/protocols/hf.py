@@ -33,10 +33,12 @@ from service.params import (
     ZeroShotParams,
     pipeline_params,
 )
+from service.protocols.encodings import Encoding, encode_all
 from service.protocols.serving import require
 from service.schemas import (
     Dimensions,
     NonBlank,
+    Normalize,
     PromptName,
     RawText,
     check_list,
@@ -69,12 +71,12 @@ Texts = Annotated[
 
 class FeatureExtractionRequest(_Request):
     inputs: Texts
-    normalize: bool | None = None
+    normalize: Normalize | None = None
     prompt_name: PromptName | None = None
     truncate: bool | None = None
     truncation_direction: Literal["left", "right"] | None = None
     dimensions: Dimensions | None = None
-    encoding_format: Literal["float"] | None = None
+    encoding_format: Encoding | None = None
     parameters: FeatureExtractionParams | None = None
 
 
@@ -147,6 +149,12 @@ def parse(body: bytes, content_type: str | None, info: ModelInfo, settings: Sett
         doc = {"inputs": str(doc)}
     elif task == "feature-extraction" and _similarity_shaped(doc):
         task = "sentence-similarity"
+    if task == "zero-shot-classification" and isinstance(doc, dict) and not doc.get("parameters"):
+        raise InvalidInput(
+            "parameters.candidate_labels is missing: zero-shot-classification needs the labels "
+            'to choose from, e.g. {"inputs": "...", "parameters": {"candidate_labels": '
+            '["sports", "politics"]}}'
+        )
     request = validate(REQUESTS[task], doc, what=task, max_inputs=settings.max_client_batch_size)
     return _BUILDERS[task](request, info, settings)
 
@@ -206,14 +214,41 @@ def embedding_params(
     }
 
 
+def dimension_warning(info: ModelInfo, dimensions: int | None) -> dict[str, str] | None:
+    """A `Warning` header (RFC 7234's 299, "miscellaneous persistent warning") when
+    `dimensions` cuts a model that was not trained for Matryoshka cuts to that width: the
+    answer is what was asked, but its quality is unknown. None otherwise."""
+    full, trained = info.dimension, info.matryoshka_dimensions
+    if dimensions is None or full is None or dimensions >= full:
+        return None
+    if trained is not None and (not trained or dimensions in trained):
+        return None
+    widths = "any width" if trained is None else f"only {list(trained)}"
+    return {
+        "Warning": f'299 pipeline-server "dimensions {dimensions} cuts a {full}-dimensional '
+        f"model not trained for it (Matryoshka: {'none' if trained is None else widths}); "
+        'similarities of cut vectors may be poor"'
+    }
+
+
 def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) -> Job:
     assert isinstance(request, FeatureExtractionRequest)
     fields = _merged(request)
-    op = Op.EMBED if Op.EMBED in info.ops else Op.ROWS
-    if op is Op.ROWS and (fields.get("normalize") is not None or fields.get("dimensions")):
+    op = Op.SPARSE if info.sparse else Op.EMBED if Op.EMBED in info.ops else Op.ROWS
+    if op is Op.ROWS and (
+        fields.get("normalize") is not None
+        or fields.get("dimensions")
+        or request.encoding_format not in (None, "float")
+    ):
         raise InvalidInput(
             "this model answers token rows (it has no sentence-transformers pooling config): "
-            "normalize and dimensions need pooled embeddings; set POOLING to pool its rows"
+            "normalize, dimensions and encoding_format need pooled embeddings; set POOLING to "
+            "pool its rows"
+        )
+    if op is Op.SPARSE and (fields.get("normalize") is not None or fields.get("dimensions")):
+        raise InvalidInput(
+            "this model answers sparse (SPLADE) embeddings: normalize and dimensions apply to "
+            "dense embeddings only"
         )
     params = embedding_params(
         info,
@@ -228,7 +263,19 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
     paths = list_paths(request)
     if op is Op.ROWS:  # the pipeline's shape: [1, tokens, hidden] per input
         return Job(units, _rows_finish(_is_list(request)), paths)
-    return Job(units, (lambda a: a) if _is_list(request) else (lambda a: [a[0]]), paths)
+    fmt = request.encoding_format
+    is_list = _is_list(request)
+
+    def finish(answers: list[Any]) -> Any:
+        # A sparse answer as the spec's array of floats: the full vocabulary-wide vector
+        # (`SparseEncoder.encode(..., convert_to_sparse_tensor=False)`); /embed_sparse sends
+        # only the non-zero entries.
+        vectors = [a.dense() for a in answers] if op is Op.SPARSE else answers
+        out = encode_all(vectors, fmt)
+        return out if is_list else [out[0]]
+
+    headers = dimension_warning(info, params["dimensions"])
+    return Job(units, finish, paths, headers)
 
 
 def _rows_finish(is_list: bool) -> Any:
@@ -434,9 +481,12 @@ class Entity(BaseModel):
     index: int | None = None
 
 
-class FeatureExtractionAnswer(RootModel[list[list[float]] | list[float]]):
-    """One vector per input (a single input: a list holding one); sentence-similarity: one
-    cosine similarity per sentence."""
+class FeatureExtractionAnswer(
+    RootModel[list[list[float]] | list[float] | list[str] | list[list[int]]]
+):
+    """One vector per input (a single input: a list holding one), as `encoding_format` asks
+    (floats, base64 strings, packed binary bytes); a sparse (SPLADE) model: the full
+    vocabulary-wide vector; sentence-similarity: one cosine similarity per sentence."""
 
 
 class TokenRowsAnswer(RootModel[list[list[list[float]]] | list[list[list[list[float]]]]]):
@@ -462,7 +512,8 @@ class TokenClassificationAnswer(RootModel[list[Entity] | list[list[Entity]]]):
 def answer_model(info: ModelInfo) -> type[RootModel[Any]]:
     """The answer of `POST /` for the loaded model."""
     if info.task == "feature-extraction":
-        return FeatureExtractionAnswer if Op.EMBED in info.ops else TokenRowsAnswer
+        dense = Op.EMBED in info.ops or info.sparse
+        return FeatureExtractionAnswer if dense else TokenRowsAnswer
     answers: dict[str, type[RootModel[Any]]] = {
         "text-classification": TextClassificationAnswer,
         "zero-shot-classification": ZeroShotAnswer,
@@ -491,6 +542,7 @@ __all__ = [
     "REQUESTS",
     "answer_model",
     "cosine_to_first",
+    "dimension_warning",
     "embedding_params",
     "invalid",
     "parse",

@@ -3,22 +3,23 @@ and reads them.
 
 `input` is a string, a list of strings, a list of token ids (one input) or a list of those
 (token ids are used as given: no special tokens added). Vectors are the model's sentence
-embeddings, always L2-normalized; `dimensions` keeps the first N, then normalizes again (as
-OpenAI's text-embedding-3 models answer). `encoding_format: "base64"` (what the SDK asks for
-when the caller names no format, and decodes itself) is each vector's little-endian float32
-bytes in base64. `model` is accepted and the answer names our served model (`info.served_name`);
-`user` is accepted and ignored. `usage` counts the tokens each input took with this model's
-tokenizer (after truncation), counted in the inference thread. Errors on `/v1/*` use OpenAI's
-envelope (`service.errors.error_content`).
+embeddings, always L2-normalized, whether or not the model ends in a Normalize module (OpenAI's
+vectors are unit length, and clients take dot products as cosines); `dimensions` keeps the
+first N, then normalizes again (as OpenAI's text-embedding-3 models answer), with a `Warning`
+header when the model was not trained for Matryoshka cuts. `encoding_format: "base64"` (what
+the SDK asks for when the caller names no format, and decodes itself) is each vector's
+little-endian float32 bytes in base64; `binary`/`ubinary` are sentence-transformers'
+`quantize_embeddings` packings (`service.protocols.encodings`). `model` is accepted and the
+answer names our served model (`info.served_name`); `user` is accepted and ignored. `usage`
+counts the tokens each input took with this model's tokenizer (after truncation), counted in
+the inference thread. Errors on `/v1/*` use OpenAI's envelope (`service.errors.error_content`).
 """
 
 from __future__ import annotations
 
-import base64
 import time
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,7 +27,8 @@ from starlette.responses import Response
 from service.jobs import Counted, Job, Op
 from service.model import ModelInfo
 from service.protocols import tei
-from service.protocols.hf import embedding_params
+from service.protocols.encodings import Encoding, encode_vector
+from service.protocols.hf import dimension_warning, embedding_params
 from service.protocols.serving import (
     Endpoint,
     json_response,
@@ -54,14 +56,16 @@ class EmbeddingsRequest(BaseModel):
 
     input: Input
     model: str | None = Field(None, description="accepted; the answer names the served model")
-    encoding_format: Literal["float", "base64"] | None = None
+    encoding_format: Encoding | None = None
     dimensions: Dimensions | None = None
     user: str | None = Field(None, description="accepted and ignored")
 
 
 class Embedding(BaseModel):
     object: Literal["embedding"]
-    embedding: list[float] | str = Field(description="floats, or base64 of float32 LE bytes")
+    embedding: list[float] | str | list[int] = Field(
+        description="floats, base64 of float32 LE bytes, or packed bits (binary, ubinary)"
+    )
     index: int = Field(ge=0)
 
 
@@ -108,17 +112,18 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         truncate=None,
         direction=None,
         prompt_name=None,
+        normalize=True,  # unit length for every model, as OpenAI's are
         dimensions=r.dimensions,
         default_truncate=s.truncate,
     )
     params["count_tokens"] = True
-    as_base64 = r.encoding_format == "base64"
+    fmt = r.encoding_format
 
     def finish(answers: list[Counted]) -> dict[str, Any]:
         data = [
             {
                 "object": "embedding",
-                "embedding": _base64(a.answer) if as_base64 else a.answer,
+                "embedding": encode_vector(a.answer, fmt),
                 "index": i,
             }
             for i, a in enumerate(answers)
@@ -131,13 +136,8 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
-    return Job(tei.units(Op.EMBED, r.input, params), finish)
-
-
-def _base64(vector: Any) -> str:
-    """Little-endian float32 bytes, base64 (what the SDK's `np.frombuffer(..., "float32")`
-    reads back)."""
-    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    headers = dimension_warning(info, r.dimensions)
+    return Job(tei.units(Op.EMBED, r.input, params), finish, headers=headers)
 
 
 async def models(request: Request) -> Response:

@@ -107,11 +107,17 @@ def require(info: ModelInfo, op: Op, route: str) -> None:
 
 def _serves(info: ModelInfo) -> str:
     what = {
-        "feature-extraction": "an embedding model" if info.pooling else "token rows",
+        "feature-extraction": _embedding_kind(info),
         "text-classification": "a text classifier",
         "zero-shot-classification": "an NLI model for zero-shot classification",
     }.get(info.task, "a model")
     return f"it serves {info.task} ({what})"
+
+
+def _embedding_kind(info: ModelInfo) -> str:
+    if info.sparse:
+        return "a sparse (SPLADE) embedding model: use /embed_sparse or POST /"
+    return "an embedding model" if info.pooling else "token rows"
 
 
 async def serve(request: Request, parse: Parse) -> Response:
@@ -132,4 +138,4 @@ async def serve(request: Request, parse: Parse) -> Response:
         answers = await runtime.run(job.units, request, deadline, job.paths)
     except ClientGone:
         return Response(status_code=499)
-    return json_response(job.finish(answers))
+    return json_response(job.finish(answers), headers=dict(job.headers or {}) or None)

@@ -5,6 +5,11 @@
 - `/embed` (embedding models): one pooled vector per input, L2-normalized unless
   `normalize: false`; `dimensions` cuts, then normalizes.
 - `/embed_all` (encoders): each input's token rows (the last hidden state).
+- `/embed_sparse` (SPLADE models): per input its non-zero vocabulary weights
+  `[{"index", "value"}, ...]`, indices ascending (`service.sparse`); `max_active_dims` (ours,
+  sentence-transformers' name) keeps the k largest.
+- `encoding_format` on `/embed` (ours, not TEI's): `float`, `base64`, `binary`, `ubinary`
+  (`service.protocols.encodings`).
 - `/predict` (classifiers): per input, every label highest first; scores are the softmax of
   the logits (a one-label model: their sigmoid), or the logits with `raw_scores`.
 - `/rerank` (cross-encoders: classifiers with one label): per text, the (query, text) pair's
@@ -32,9 +37,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, V
 from service.errors import InferenceFailed, PayloadTooLarge, WrongTask
 from service.jobs import Job, Op, Unit
 from service.model import ModelInfo
-from service.protocols.hf import SimilarityInputs, Texts, cosine_to_first, embedding_params
+from service.protocols.encodings import Encoding, encode_all
+from service.protocols.hf import (
+    SimilarityInputs,
+    Texts,
+    cosine_to_first,
+    dimension_warning,
+    embedding_params,
+)
 from service.protocols.serving import Endpoint, needs, require
 from service.schemas import (
+    INTEGRAL,
     Dimensions,
     NonBlank,
     PromptName,
@@ -172,6 +185,19 @@ class EmbedRequest(_Request):
     truncation_direction: Direction | None = None
     prompt_name: PromptName | None = None
     dimensions: Dimensions | None = None
+    encoding_format: Encoding | None = Field(
+        None, description="ours: float (default), base64, binary or ubinary"
+    )
+
+
+class EmbedSparseRequest(_Request):
+    inputs: Input
+    truncate: bool | None = None
+    truncation_direction: Direction | None = None
+    prompt_name: PromptName | None = None
+    max_active_dims: Annotated[int, Field(ge=1), INTEGRAL] | None = Field(
+        None, description="ours: keep the k largest weights (sentence-transformers' name)"
+    )
 
 
 class EmbedAllRequest(_Request):
@@ -231,8 +257,17 @@ class DecodeRequest(_Request):
 
 
 # -- answers (for /openapi.json; the routes build them as plain JSON) -------------------------
-class EmbedResponse(RootModel[list[list[float]]]):
-    """One vector per input (a single input: a list holding one)."""
+class EmbedResponse(RootModel[list[list[float]] | list[str] | list[list[int]]]):
+    """One vector per input (a single input: a list holding one), as `encoding_format` asks."""
+
+
+class SparseValue(BaseModel):
+    index: int = Field(ge=0)
+    value: float
+
+
+class EmbedSparseResponse(RootModel[list[list[SparseValue]]]):
+    """Per input, its non-zero weights by vocabulary index, ascending."""
 
 
 class EmbedAllResponse(RootModel[list[list[list[float]]]]):
@@ -312,7 +347,22 @@ def _embed(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) 
         dimensions=r.dimensions,
         default_truncate=s.truncate,
     )
-    return Job(units(Op.EMBED, r.inputs, params))
+    fmt = r.encoding_format
+    headers = dimension_warning(info, r.dimensions)
+    return Job(units(Op.EMBED, r.inputs, params), lambda a: encode_all(a, fmt), headers=headers)
+
+
+def _embed_sparse(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
+    r: EmbedSparseRequest = _parsed(EmbedSparseRequest, body, content_type, "/embed_sparse", s)
+    params = embedding_params(
+        info,
+        truncate=r.truncate,
+        direction=_direction(r.truncation_direction),
+        prompt_name=r.prompt_name,
+        default_truncate=s.truncate,
+    )
+    params["max_active_dims"] = r.max_active_dims
+    return Job(units(Op.SPARSE, r.inputs, params), lambda a: [v.pairs() for v in a])
 
 
 def _embed_all(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
@@ -453,6 +503,14 @@ ENDPOINTS = (
         check=needs(Op.EMBED, "/embed"),
         request=EmbedRequest,
         response=EmbedResponse,
+    ),
+    Endpoint(
+        path="/embed_sparse",
+        summary="Sparse (SPLADE) embeddings (TEI)",
+        parse=_embed_sparse,
+        check=needs(Op.SPARSE, "/embed_sparse"),
+        request=EmbedSparseRequest,
+        response=EmbedSparseResponse,
     ),
     Endpoint(
         path="/embed_all",
