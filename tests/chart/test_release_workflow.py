@@ -42,6 +42,7 @@ def _run(step: dict[str, Any], env: dict[str, str], cwd: Path) -> subprocess.Com
         ["bash", "-e", "-o", "pipefail", "-c", script],
         env={**os.environ, **env},
         cwd=cwd,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
@@ -117,7 +118,7 @@ def test_the_released_chart_names_the_released_image(tmp_path: Path) -> None:
     shutil.copytree(CHART, chart)
     stub = tmp_path / "bin"
     stub.mkdir()
-    (stub / "helm").write_text("#!/bin/sh\nexit 0\n")
+    (stub / "helm").write_text("#!/bin/sh\ncat >/dev/null\n")  # reads what is piped to it
     (stub / "helm").chmod(0o755)
     env = {
         "VERSION": "0.1.0",
