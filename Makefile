@@ -63,12 +63,18 @@ bench: $(VENV)/.dev  ## the benchmark's workloads (about 50 minutes; see loadtes
 replicas: $(VENV)/.dev  ## three replicas behind HAProxy: rolling update, slow replica, storm
 	$(BIN)/python -m loadtest.replicas $(REPLICAS_ARGS)
 
-HOST_URL ?= http://127.0.0.1:8000
-locust: $(VENV)/.dev  ## a 60 s step-up run against a running server, with the SLO gate
-	mkdir -p loadtest/results
-	$(BIN)/locust -f loadtest/locustfile.py --host $(HOST_URL) --headless \
-		--shape step -u 16 -r 4 -t 60s \
-		--csv loadtest/results/step --html loadtest/results/step.html \
+# Prints a short summary and the SLO gate's verdict; exits non-zero when the gate fails. Each
+# run's files (CSV, HTML report, Locust's full log and tables) go to their own folder,
+# $(LOCUST_RESULTS)/<UTC time>/.
+HOST_URL       ?= http://127.0.0.1:8000
+LOCUST_TIME    ?= 60s
+LOCUST_RESULTS ?= loadtest/results
+locust: $(VENV)/.dev  ## a 60 s step-up run against a running server: summary and SLO gate
+	@run=$(LOCUST_RESULTS)/$$(date -u +%Y%m%dT%H%M%SZ); mkdir -p $$run; \
+	echo "locust: step-up to 16 users for $(LOCUST_TIME) against $(HOST_URL); files in $$run/"; \
+	$(BIN)/locust -f loadtest/locustfile.py --host $(HOST_URL) --headless --only-summary \
+		--shape step -u 16 -r 4 -t $(LOCUST_TIME) --logfile $$run/locust.log \
+		--csv $$run/step --html $$run/step.html \
 		--slo-max-p95-ms 6000 --slo-max-shed-rate 0.05
 
 clean:

@@ -6,7 +6,8 @@ included, so watch the shed rate beside it), in milliseconds.
 
 Two ways in: the locustfile applies :func:`evaluate` when Locust quits (``--slo-*`` options), and
 ``python -m loadtest.gate PREFIX --max-...`` checks the CSV files a headless run wrote with
-``--csv PREFIX``. Both exit 1 on a violation and print one line per threshold.
+``--csv PREFIX``. Both print the run in three lines (:func:`describe`) and one line per
+threshold, and exit 1 on a violation.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from loadtest.outcomes import CATEGORIES, category_of
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
-    """What the gate needs from a run: request count, p95 (ms), failures by category."""
+    """What the gate needs from a run: request count, p95 (ms), failures by category; for
+    the printed summary also p50 (ms) and requests per second, when known."""
 
     requests: int
     p95_ms: float
     failures: dict[str, int] = field(default_factory=dict)
+    p50_ms: float | None = None
+    requests_per_s: float | None = None
 
     def rate(self, category: str) -> float:
         """Failures of ``category`` per request (0.0 for a run without requests)."""
@@ -76,6 +80,19 @@ def evaluate(run: RunSummary, limits: Thresholds) -> list[tuple[bool, str]]:
     return checks
 
 
+def describe(run: RunSummary) -> list[str]:
+    """The run in three lines: requests and their rate, failures by category, latency."""
+    rate = f", {run.requests_per_s:.1f} req/s" if run.requests_per_s is not None else ""
+    failed = sum(run.failures.values())
+    by_category = ", ".join(f"{cat} {run.failures.get(cat, 0)}" for cat in CATEGORIES)
+    p50 = f"p50 {run.p50_ms:.0f} ms, " if run.p50_ms is not None else ""
+    return [
+        f"requests: {run.requests}{rate}",
+        f"failures: {failed} ({by_category})",
+        f"latency: {p50}p95 {run.p95_ms:.0f} ms (every answer, sheds included)",
+    ]
+
+
 def report(checks: Iterable[tuple[bool, str]], out: TextIO | None = None) -> bool:
     """Print ``PASS``/``FAIL`` lines and an overall verdict; True when every check passed."""
     out = out or sys.stdout
@@ -98,10 +115,22 @@ def read_csv(prefix: str | Path) -> RunSummary:
     with open(f"{prefix}_failures.csv", newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             failures[category_of(row["Error"])] += int(row["Occurrences"])
-    p95 = rows[0]["95%"]
+    row = rows[0]
+    rate = _number(row.get("Requests/s"))
     return RunSummary(
-        int(rows[0]["Request Count"]), float(p95) if p95 not in ("", "N/A") else 0.0, failures
+        int(row["Request Count"]),
+        _number(row["95%"]) or 0.0,
+        failures,
+        _number(row.get("50%")),
+        rate,
     )
+
+
+def _number(text: str | None) -> float | None:
+    """A CSV cell as a number; None when the column is missing or empty ("N/A")."""
+    if text is None or text in ("", "N/A"):
+        return None
+    return float(text)
 
 
 def add_threshold_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -145,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("prefix", help="the --csv prefix of the run, e.g. loadtest/results/steady")
     add_threshold_options(parser)
     args = parser.parse_args(argv)
-    return 0 if report(evaluate(read_csv(args.prefix), thresholds_from(args))) else 1
+    run = read_csv(args.prefix)
+    print("\n".join(describe(run)))
+    return 0 if report(evaluate(run, thresholds_from(args))) else 1
 
 
 if __name__ == "__main__":

@@ -18,13 +18,17 @@ Retry-After says before its next request. Pick one with its class name on the co
 
 Every non-200 answer is a failure named by category (see ``loadtest/outcomes.py``): 503 "shed",
 504 "expired", 4xx "rejected", other 5xx and connection errors "error". Shapes: ``--shape``
-steady | step | burst, driven by ``-u``, ``-r`` and ``-t``. When Locust quits, the SLO gate
-sets the exit code from the ``--slo-*`` thresholds (by default: any error or rejection fails).
+steady | step | burst, driven by ``-u``, ``-r`` and ``-t``. When Locust quits, it prints a
+short summary (requests, req/s, failures by category, p50/p95) and the SLO gate's lines, and
+the gate sets the exit code from the ``--slo-*`` thresholds (by default: any error or
+rejection fails). With ``--logfile``, Locust's own tables go to that file too, so the console
+shows only the summary (``make locust``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sys
 import time
@@ -93,21 +97,44 @@ def _add_options(parser: Any, **_: Any) -> None:
     gate.add_threshold_options(group, prefix="slo-")
 
 
+def _tables_to_logfile(environment: Any, **_: Any) -> None:
+    """With ``--logfile``, Locust sends its log there but still prints its stats tables (about
+    350 lines for a 60 s run) on the console: send them to the file as well."""
+    options = environment.parsed_options
+    logfile = getattr(options, "logfile", None) if options else None
+    if not logfile:
+        return
+    tables = logging.getLogger("locust.stats_logger")
+    handler = logging.FileHandler(logfile)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    tables.handlers = [
+        h
+        for h in tables.handlers
+        if not (isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler))
+    ]
+    tables.addHandler(handler)
+
+
 def _slo_gate(environment: Any, **_: Any) -> None:
-    stats = environment.stats
+    """Print the run's summary and the gate's verdict; the verdict is the exit code."""
+    total = environment.stats.total
     failures = dict.fromkeys(outcomes.CATEGORIES, 0)
-    for entry in stats.errors.values():
+    for entry in environment.stats.errors.values():
         failures[outcomes.category_of(str(entry.error))] += entry.occurrences
     run = gate.RunSummary(
-        stats.total.num_requests,
-        float(stats.total.get_response_time_percentile(0.95) or 0),
+        total.num_requests,
+        float(total.get_response_time_percentile(0.95) or 0),
         failures,
+        float(total.get_response_time_percentile(0.5) or 0),
+        float(total.total_rps),
     )
+    print("\n".join(gate.describe(run)))
     limits = gate.thresholds_from(environment.parsed_options, prefix="slo-")
     environment.process_exit_code = 0 if gate.report(gate.evaluate(run, limits)) else 1
 
 
 events.init_command_line_parser.add_listener(_add_options)  # type: ignore[no-untyped-call]
+events.init.add_listener(_tables_to_logfile)  # type: ignore[no-untyped-call]
 events.quitting.add_listener(_slo_gate)  # type: ignore[no-untyped-call]
 
 

@@ -23,6 +23,11 @@ request.
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
 once per second per reason (`service.refusals`). A refusal waits for the answers already under
 way on its connection (pipelining), then closes it after a short linger (below).
+
+The app's own answers that close the connection before the request's body has all arrived
+(413 over MAX_BODY_BYTES, a 504 or 503 during a stalled upload) linger the same way: a client
+that sends its whole body before it reads (Python's http.client) would otherwise meet a reset
+in the middle of its upload (a broken pipe) and never see the answer.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from asyncio import TimerHandle
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, cast
 
 import httptools
@@ -53,8 +59,12 @@ log = structlog.get_logger("service.edge")
 # After a refusal the answer is followed by a FIN, and what the client still sends (the rest
 # of an oversize head, an upload) is read and dropped for this long: closing with unread input
 # makes the kernel reset the connection, which can destroy the answer before it is read
-# (nginx's "lingering close"). The client's own close ends it sooner.
+# (nginx's "lingering close", `lingering_time`). The client's own close ends it sooner.
 _LINGER_S = 2.0
+# ... and for at most this many bodies' worth of bytes (MAX_BODY_BYTES each; at least
+# `_LINGER_MIN_BYTES`): a client sending far more is reset, as before, rather than read.
+_LINGER_BODIES = 4
+_LINGER_MIN_BYTES = 256 * 1024
 
 HEAD_SHEDDER = "service.edge.head_shedder"  # the lifespan state's key for a `HeadShedder`
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
@@ -69,6 +79,29 @@ class HeadShedder(Protocol):
 @functools.cache
 def _env_settings() -> Settings:
     return load_settings()
+
+
+class _AnswerTransport(asyncio.Transport):
+    """The transport a request's cycle writes its answer to: the connection's own, except
+    that uvicorn's close after an answer with `connection: close` goes to `close` (the
+    protocol's `_close_after_answer`, which may linger first)."""
+
+    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
+        super().__init__()
+        self._transport = transport
+        self._close = close
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self._close()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -92,6 +125,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self._max_connections = settings.max_connections
         self._head_timeout_s = settings.request_head_timeout_s
         self._framer = Framer(settings.max_request_head_bytes)
+        self._linger_bytes = max(_LINGER_BODIES * settings.max_body_bytes, _LINGER_MIN_BYTES)
+        self._linger_left: int | None = None  # bytes still to drop; None: not lingering
+        self._answer_transport: _AnswerTransport  # set with the transport (connection_made)
         self._head_timer: TimerHandle | None = None
         self._head_since: float | None = None  # when the head in progress began (loop time)
         self._refusal: Refusal | None = None  # set: nothing more is parsed
@@ -110,6 +146,7 @@ class EdgeProtocol(HttpToolsProtocol):
             transport.close()  # no linger: this connection must not hold its descriptor
             return
         super().connection_made(transport)
+        self._answer_transport = _AnswerTransport(transport, self._close_after_answer)
         self._head_began()
 
     def _close_an_idle_one(self) -> bool:
@@ -129,6 +166,11 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_left is not None:  # answered and half-closed: drop, within the bound
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self.transport.close()
+            return
         self._unset_keepalive_if_required()
         start, size = 0, len(data)
         while start < size and self._refusal is None and not self._framer.closed:
@@ -228,6 +270,7 @@ class EdgeProtocol(HttpToolsProtocol):
         requests (started from `on_response_complete`) and a connection whose client does not
         read its answers (writing paused) take the app's path, which waits on the writes."""
         self._unset_keepalive_if_required()  # a request is under way: this connection is busy
+        cycle.transport = self._answer_transport  # its close may linger (`_close_after_answer`)
         shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
         ours = app is self.app and not self._popping and not self.flow.write_paused
         if shedder is not None and ours and (answer := shedder.shed_now(cycle.scope)):
@@ -266,7 +309,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self.transport.write(b"".join(parts))
         cycle.message_event.set()
         if not cycle.keep_alive:
-            self.transport.close()
+            self._close_after_answer()
         cycle.on_response()
 
     # Refusals
@@ -304,10 +347,25 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def _answer(self, refusal: Refusal) -> None:
         self.transport.write(answer(refusal, self.server_state.default_headers))
+        self._linger()
+
+    def _close_after_answer(self) -> None:
+        """Close after an answer that ends the connection; while the request's body is still
+        arriving, linger first, so that a client still sending reads the answer."""
+        if self._framer.in_body and not self.transport.is_closing():
+            self._framer.close()  # the rest of the body is dropped, not parsed
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _linger(self) -> None:
+        """Half-close after the answer, then read and drop what the client still sends until
+        it closes, `_LINGER_S` passes or `_linger_bytes` are dropped, whichever comes first."""
         if not self.transport.can_write_eof():
             self.transport.close()
             return
         self.transport.write_eof()
+        self._linger_left = self._linger_bytes
         self.flow.resume_reading()  # drop what arrives (data_received), until EOF or the linger
         self.loop.call_later(_LINGER_S, self.transport.close)
 

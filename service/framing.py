@@ -62,6 +62,11 @@ class Framer:
         return self._part is _Part.HEAD
 
     @property
+    def in_body(self) -> bool:
+        """A request's head has ended and its body (or its trailer section) has not."""
+        return self._part not in (_Part.HEAD, _Part.CLOSED)
+
+    @property
     def closed(self) -> bool:
         return self._part is _Part.CLOSED
 

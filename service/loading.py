@@ -254,10 +254,11 @@ def _model_info(
 
 def served_name(settings: Settings, model_id: str) -> str:
     """SERVED_MODEL_NAME, else the hub id, else a local folder's own name (never its path: an
-    install path is nothing to tell clients); the embedded default: its hub id."""
+    install path is nothing to tell clients); the embedded default: its hub id, also where
+    it is reached through a link (the image moves it to /models/model and links it back)."""
     if settings.served_model_name:
         return settings.served_model_name
-    if model_id == default_model_dir():
+    if Path(model_id).resolve() == Path(default_model_dir()).resolve():
         return EMBEDDED_MODEL_NAME
     return Path(model_id).name if Path(model_id).is_dir() else model_id
 

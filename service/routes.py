@@ -50,8 +50,10 @@ async def readyz(request: Request) -> Response:
 
 
 async def livez(request: Request) -> Response:
+    """200 `{"status": "alive"}` (loading included: a word readiness never uses), else 503
+    with the reason."""
     live, status = runtime_of(request).live()
-    return json_response({"status": status}, 200 if live else 503)
+    return json_response({"status": "alive" if live else status}, 200 if live else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:

@@ -7,12 +7,22 @@ start with one line naming the variable (`SettingsError`).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.params import SUPPORTED_TASKS, TASK_ALIASES
+
+
+def default_log_format() -> Literal["json", "console"]:
+    """`console` (readable lines) when stderr is a terminal, as `make run` in a shell; `json`
+    (one object per line, for log collectors) otherwise: containers, pipes, files."""
+    try:
+        return "console" if sys.stderr.isatty() else "json"
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        return "json"
 
 
 class SettingsError(Exception):
@@ -67,7 +77,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
-    log_format: Literal["json", "console"] = "json"
+    # Unset: console lines on a terminal, JSON otherwise (`default_log_format`).
+    log_format: Literal["json", "console"] = Field(default_factory=default_log_format)
 
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
     model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)

@@ -19,7 +19,8 @@ def test_slow_load_readiness_then_ready(tiny_models: dict[str, Path]) -> None:
         seen_loading = 0
         until = time.monotonic() + 1.0
         while time.monotonic() < until:
-            assert client.get("/livez").status_code == 200  # loading counts as alive
+            live = client.get("/livez")  # loading counts as alive
+            assert live.status_code == 200 and live.json() == {"status": "alive"}
             r = client.get("/readyz")
             assert r.status_code == 503 and r.json() == {"status": "loading"}
             r = client.post("/", content=SEED_TEXT)
@@ -30,7 +31,7 @@ def test_slow_load_readiness_then_ready(tiny_models: dict[str, Path]) -> None:
         assert seen_loading >= 5
         wait_ready(client.get, timeout=30)
         assert client.post("/", content=SEED_TEXT).status_code == 200
-        assert client.get("/livez").json() == {"status": "ready"}
+        assert client.get("/livez").json() == {"status": "alive"}
 
 
 def test_failed_load_is_never_ready_and_not_live(tmp_path: Path) -> None:

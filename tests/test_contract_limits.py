@@ -15,7 +15,9 @@ import pytest
 from helpers import app_client
 from starlette.testclient import TestClient
 
+from service.loading import served_name
 from service.protocols.hf import hypothesis
+from service.settings import Settings
 
 TEXT = "paris is the capital of france"
 LABELS = ["city", "river", "good"]
@@ -87,6 +89,20 @@ def test_served_name_setting_names_the_model_in_openai_answers(embedded_model: P
         assert out.json()["model"] == "team/minilm"
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["team/minilm"]
         assert client.get("/info").json()["model"]["served_name"] == "team/minilm"
+
+
+def test_the_embedded_model_keeps_its_name_through_a_link(
+    embedded_model: Path, tmp_path: Path
+) -> None:
+    """The image moves the embedded folder to /models/model and links the package's path to
+    it; MODEL_ID=/models/model is still all-MiniLM-L6-v2 to clients, not `model`."""
+    link = tmp_path / "model"
+    link.symlink_to(embedded_model, target_is_directory=True)
+    assert served_name(Settings(), str(link)) == "sentence-transformers/all-MiniLM-L6-v2"
+    assert served_name(Settings(), str(embedded_model)) == "sentence-transformers/all-MiniLM-L6-v2"
+    other = tmp_path / "other"
+    other.mkdir()
+    assert served_name(Settings(), str(other)) == "other"
 
 
 def test_a_local_folder_is_served_under_its_own_name_not_its_path(

@@ -24,6 +24,9 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CRD_APIS = ("keda.sh/v1alpha1/ScaledObject", "monitoring.coreos.com/v1/ServiceMonitor")
 RELEASE = "rel"
 NAMESPACE = "ml"
+# The chart has no default image (none is published): renders of the default values name one,
+# as every `ci/*-values.yaml` does.
+REPOSITORY = "registry.example.com/ml/pipeline-server"
 
 Manifest = dict[str, Any]
 
@@ -52,7 +55,8 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def values_args(values: Path | None, sets: tuple[str, ...]) -> list[str]:
-    args = ["--values", str(values)] if values else []
+    """`--values` and `--set` arguments; without a values file, `image.repository` is set."""
+    args = ["--values", str(values)] if values else ["--set", f"image.repository={REPOSITORY}"]
     for s in sets:
         args += ["--set", s]
     return args
@@ -116,14 +120,14 @@ def cpu_cores(quantity: str | int | float) -> float:
 def container_env(container: Manifest) -> dict[str, str]:
     """The env a kubelet gives the container (no Secrets here: secret refs are left out).
 
-    resourceFieldRef limits.cpu with divisor 1 is the limit rounded up, as the API does it.
+    resourceFieldRef requests.cpu with divisor 1 is the request rounded up, as the API does it.
     """
     env: dict[str, str] = {}
     for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = entry["value"]
         elif ref := entry["valueFrom"].get("resourceFieldRef"):
-            assert (ref["resource"], ref["divisor"]) == ("limits.cpu", "1"), ref
-            cpu = container["resources"]["limits"]["cpu"]
+            assert (ref["resource"], ref["divisor"]) == ("requests.cpu", "1"), ref
+            cpu = container["resources"]["requests"]["cpu"]
             env[entry["name"]] = str(math.ceil(cpu_cores(cpu)))
     return env

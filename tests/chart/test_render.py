@@ -25,7 +25,9 @@ from .helm import (
     CI_VALUES,
     NAMESPACE,
     RELEASE,
+    REPOSITORY,
     Manifest,
+    container_env,
     env_map,
     helm,
     kinds,
@@ -49,7 +51,13 @@ CRD_SCHEMAS = {
 # Env the chart sets that are not service settings: library knobs.
 LIBRARY_ENV = {"HF_HUB_OFFLINE", "HF_HOME", "XDG_CACHE_HOME"}
 TEST_ONLY_SETTINGS = {"MODEL_LOAD_DELAY_S"}
-SEED_CURL = 'curl -X POST -d "Paris is the [MASK] of France." http://localhost:8000/'
+EXAMPLE_CURL = 'curl -X POST -d "The weather is lovely today." http://localhost:8000/'
+WITH_IMAGE = ("--set", f"image.repository={REPOSITORY}")
+NO_IMAGE = (
+    "image.repository is required: no pipeline-server image is published. Build one from the "
+    "repository's Dockerfile and push it to a registry your cluster can pull from (docker build "
+    "-t REGISTRY/pipeline-server:0.1.0 . && docker push REGISTRY/pipeline-server:0.1.0)"
+)
 
 values_sets = pytest.mark.parametrize("values", VALUE_SETS, ids=values_id)
 
@@ -69,8 +77,29 @@ def ci_values(name: str) -> Path:
 @values_sets
 def test_lint_strict(values: Path | None) -> None:
     args = ["lint", "--strict", str(CHART)] + (["--values", str(values)] if values else [])
-    done = helm(*args)
+    done = helm(*args, *([] if values else WITH_IMAGE))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["template", "install", "lint"])
+def test_without_an_image_rendering_says_how_to_get_one(command: str) -> None:
+    """No image is published: a default install would pull `pipeline-server:0.1.0` from Docker
+    Hub's library and fail with ImagePullBackOff. The render fails instead, with one message
+    saying how to build, push and name the image; `helm lint` (lenient about required values,
+    as helm is for every chart) passes and warns with the same message."""
+    if command == "lint":
+        done = helm("lint", "--strict", str(CHART))
+        assert done.returncode == 0, done.stdout + done.stderr
+    else:
+        extra = ["--dry-run=client"] if command == "install" else []
+        done = helm(command, RELEASE, str(CHART), *extra)
+        assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert NO_IMAGE in output, output
+    assert "--set image.repository=REGISTRY/pipeline-server" in output
+    assert "image.repository: pipeline-server" not in output
+    for values in CI_VALUES:  # every example values file names its image
+        assert yaml.safe_load(values.read_text())["image"]["repository"], values.name
 
 
 def test_package(tmp_path: Path) -> None:
@@ -85,20 +114,40 @@ def test_schema_rejects_misspelled_values() -> None:
     assert "source" in render_error(None, "model.source=s3")
 
 
-def test_notes_print_port_forward_and_seed_curl() -> None:
-    done = helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE)
+def _notes(*args: str) -> str:
+    done = helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *args)
     assert done.returncode == 0, done.stderr
-    notes = done.stdout.split("NOTES:", 1)[1]
+    return done.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_print_port_forward_and_curl() -> None:
+    notes = _notes(*WITH_IMAGE)
     fullname = f"{RELEASE}-pipeline-server"
     assert f"kubectl --namespace {NAMESPACE} port-forward service/{fullname} 8000:8000" in notes
-    assert SEED_CURL in notes
+    assert EXAMPLE_CURL in notes
     assert "/openapi.json" in notes and "/rerank" in notes and "/v1/embeddings" in notes
 
 
+def test_notes_name_the_served_model_and_the_image() -> None:
+    """Not the container path (`/models/model`): the model, and where it comes from."""
+    notes = " ".join(_notes(*WITH_IMAGE).split())
+    assert f"pipeline-server 0.1.0 ({REPOSITORY}:0.1.0) serves the model baked into the image" in (
+        notes
+    )
+    assert "sentence-transformers/all-MiniLM-L6-v2" in notes
+    assert "/models/model" not in notes
+    named = " ".join(_notes(*WITH_IMAGE, "--set", "model.servedName=minilm").split())
+    assert "serves the model minilm." in named
+    keda = " ".join(_notes("--values", str(ci_values("keda-values.yaml"))).split())
+    assert "serves the model google-bert/bert-base-uncased at revision 86b5e09" in keda
+    assert "task fill-mask" in keda and '-X POST -d "Paris is the [MASK] of France."' in keda
+    pvc = " ".join(_notes("--values", str(ci_values("full-values.yaml"))).split())
+    assert "serves the model found in the PersistentVolumeClaim models" in pvc
+
+
 def test_notes_with_api_key_send_it() -> None:
-    done = helm("install", RELEASE, str(CHART), "--dry-run=client", "--set", "apiKey.value=k")
-    assert done.returncode == 0, done.stderr
-    assert 'curl -H "Authorization: Bearer $API_KEY" -X POST -d' in done.stdout
+    notes = _notes(*WITH_IMAGE, "--set", "apiKey.value=k")
+    assert 'curl -H "Authorization: Bearer $API_KEY" -X POST -d' in notes
 
 
 # --- Kubernetes schemas ----------------------------------------------------------------------
@@ -230,16 +279,19 @@ def test_api_key_comes_from_a_secret() -> None:
     assert "API_KEY" not in env_map(server_container(render(None)))
 
 
-def test_torch_threads_follow_the_cpu_limit() -> None:
-    env = env_map(server_container(render(None)))
-    assert env["TORCH_NUM_THREADS"]["valueFrom"]["resourceFieldRef"] == {
-        "resource": "limits.cpu",
+def test_torch_threads_are_the_guaranteed_cpus() -> None:
+    """One thread per CPU of the request, the CPUs the pod is sure of (a thread beyond them
+    waits for a core on a busy node, and the batch waits for it)."""
+    container = server_container(render(None))
+    assert container_env(container)["TORCH_NUM_THREADS"] == "2"
+    assert env_map(container)["TORCH_NUM_THREADS"]["valueFrom"]["resourceFieldRef"] == {
+        "resource": "requests.cpu",
         "divisor": "1",
     }
+    burstable = server_container(render(None, "resources.requests.cpu=1"))
+    assert container_env(burstable)["TORCH_NUM_THREADS"] == "1"
     gpu = env_map(server_container(render(ci_values("gpu-values.yaml"))))
     assert gpu["TORCH_NUM_THREADS"]["value"] == "4"
-    error = render_error(None, "resources.limits.cpu=null")
-    assert "resources.limits.cpu is required unless server.torchNumThreads" in error
 
 
 @values_sets
@@ -247,6 +299,54 @@ def test_resources_are_set(values: Path | None) -> None:
     resources = server_container(render(values))["resources"]
     assert {"cpu", "memory"} <= set(resources["requests"])
     assert "memory" in resources["limits"]
+
+
+def _quantity(text: str) -> float:
+    """A quantity in bytes or cores ("1280Mi", "2Gi", "1500m", "2")."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "M": 10**6, "G": 10**9, "m": 1e-3}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * factor
+    return float(text)
+
+
+@pytest.mark.parametrize("values", [None, ci_values("keda-values.yaml")], ids=values_id)
+def test_the_pod_is_guaranteed_qos(values: Path | None) -> None:
+    """Kubernetes gives a pod the Guaranteed class when every container, init containers
+    included, requests exactly its limits of CPU and memory."""
+    spec = pod_spec(render(values))
+    containers = spec["containers"] + spec.get("initContainers", [])
+    assert len(containers) == (2 if values else 1)
+    for container in containers:
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        for resource in ("cpu", "memory"):
+            assert _quantity(str(requests[resource])) == _quantity(str(limits[resource])), (
+                container["name"],
+                resource,
+            )
+
+
+@pytest.mark.parametrize(
+    ("values", "sets", "emptydirs"),
+    [
+        (None, (), ["cache", "tmp"]),
+        (None, ("tmp.medium=Memory",), ["cache"]),
+        (None, ("cache.sizeLimit=1.5Gi", "tmp.sizeLimit=100M"), ["cache", "tmp"]),
+        (ci_values("keda-values.yaml"), (), ["cache", "tmp", "model"]),
+    ],
+)
+def test_ephemeral_storage_request_covers_the_emptydirs(
+    values: Path | None, sets: tuple[str, ...], emptydirs: list[str]
+) -> None:
+    docs = render(values, *sets)
+    volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
+    on_disk = [n for n, v in volumes.items() if v.get("emptyDir", {}).get("medium") != "Memory"]
+    assert sorted(n for n in on_disk if "emptyDir" in volumes[n]) == sorted(emptydirs)
+    total = sum(_quantity(volumes[n]["emptyDir"]["sizeLimit"]) for n in emptydirs)
+    request = server_container(docs)["resources"]["requests"]["ephemeral-storage"]
+    assert total <= _quantity(request) < total + 2**20  # rounded up to the next MiB
+    given = render(None, "resources.requests.ephemeral-storage=5Gi")
+    assert server_container(given)["resources"]["requests"]["ephemeral-storage"] == "5Gi"
 
 
 def test_resources_are_required_by_the_schema() -> None:
@@ -433,6 +533,7 @@ def test_crd_objects_need_their_api() -> None:
         "--values",
         str(ci_values("keda-values.yaml")),
     )
+    assert done.returncode == 0, done.stderr
     assert "WARNING: keda.enabled=true, but this cluster does not serve" in done.stdout
     assert "WARNING: serviceMonitor.enabled=true" in done.stdout
 
@@ -490,7 +591,9 @@ def test_helm_test_pod_checks_readiness_and_one_inference() -> None:
     assert '"/readyz"' in script and "urlopen(req" in script
     env = env_map(check)
     assert env["BASE_URL"]["value"] == f"http://{RELEASE}-pipeline-server.{NAMESPACE}.svc:8000"
-    assert env["INPUT"]["value"] == "Paris is the [MASK] of France."
+    assert env["INPUT"]["value"] == "The weather is lovely today."
+    fill_mask = env_map(only(render(ci_values("full-values.yaml")), "Pod")["spec"]["containers"][0])
+    assert fill_mask["INPUT"]["value"] == "Paris is the [MASK] of France."
 
 
 def _values_extra_env(values: Path | None) -> list[Manifest]:

@@ -1,8 +1,9 @@
 """Turn the chart's rendered Deployment into `podman run` arguments, for tests/image/run.sh.
 
-    python tests/image/pod_args.py OUT_DIR
+    python tests/image/pod_args.py OUT_DIR IMAGE
 
-writes OUT_DIR/env.list (the container's env, one KEY=VALUE a line, as `--env-file` reads it),
+renders the chart with IMAGE (`repository:tag`; the chart has no default image) and writes
+OUT_DIR/env.list (the container's env, one KEY=VALUE a line, as `--env-file` reads it),
 OUT_DIR/podman-args.txt (one argument a line: user, read-only root, emptyDirs as tmpfs,
 capabilities, CPU and memory limits) and OUT_DIR/pod.sh (facts for the shell: grace period,
 preStop seconds, the thread count). The container runs as the pod would, minus the cluster.
@@ -49,10 +50,12 @@ def podman_args(pod: Manifest, container: Manifest) -> list[str]:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    out, image = Path(sys.argv[1]), sys.argv[2]
     out.mkdir(parents=True, exist_ok=True)
-    docs = render(None)
+    repository, _, tag = image.rpartition(":")
+    docs = render(None, f"image.repository={repository}", f"image.tag={tag}")
     deployment = only(docs, "Deployment")
+    assert server_container(docs)["image"] == image, "the chart names the image under test"
     pod = deployment["spec"]["template"]["spec"]
     container = server_container(docs)
     env = container_env(container)

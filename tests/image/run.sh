@@ -129,7 +129,7 @@ podman image inspect --format '{{json .Config.Healthcheck}}' "$IMAGE" | grep -q 
 
 # --- 4. run it as the chart's pod would ---------------------------------------------------------
 POD=$WORK/pod
-"$PYTHON" "$REPO/tests/image/pod_args.py" "$POD" || fail "could not render the chart"
+"$PYTHON" "$REPO/tests/image/pod_args.py" "$POD" "$IMAGE" || fail "could not render the chart"
 # shellcheck source=/dev/null
 . "$POD/pod.sh"
 mapfile -t RUN_ARGS <"$POD/podman-args.txt"
@@ -189,7 +189,7 @@ model = json.load(open(sys.argv[1]))["model"]
 assert model["model_id"] == "/models/model", model
 assert model["torch_threads"] == int(sys.argv[2]), model
 PY
-check "/info: model /models/model, torch threads $TORCH_THREADS (from the CPU limit)"
+check "/info: model /models/model, torch threads $TORCH_THREADS (from the CPU request)"
 
 [ "$(podman exec "$NAME" id -u)" = 10001 ] || fail "the process is not uid 10001"
 podman exec "$NAME" cat /proc/1/cmdline | tr '\0' ' ' | grep -q gunicorn \

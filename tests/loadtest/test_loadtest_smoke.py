@@ -2,13 +2,15 @@
 
 The server runs from the ``pipeline-server`` console script on a free loopback port with the
 embedded model and a queue of 8 inputs, so that 32 greedy users (JSON lists of up to 8 inputs)
-are shed: the run shows 503s counted as "shed", never as errors. Locust runs 6 seconds.
+are shed: the run shows 503s counted as "shed", never as errors. Locust runs 6 seconds; then
+`make locust` runs twice for 3 seconds (its sheds fail its gate).
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,6 +94,58 @@ def test_locust_exit_code_follows_the_gate(locust_run: LocustRun) -> None:
     assert locust_run.returncode == 1, locust_run.output
     assert "SLO FAIL: p95" in locust_run.output
     assert "SLO PASS: error rate 0.0000" in locust_run.output
+
+
+def test_locust_prints_a_short_summary(locust_run: LocustRun) -> None:
+    lines = locust_run.output.splitlines()
+    requests = next(line for line in lines if line.startswith("requests: "))
+    assert re.fullmatch(r"requests: [1-9]\d*, \d+\.\d req/s", requests), requests
+    assert re.search(
+        r"^failures: [1-9]\d* \(shed [1-9]\d*, expired 0, rejected 0, error 0\)$",
+        locust_run.output,
+        re.MULTILINE,
+    ), locust_run.output
+    assert re.search(r"^latency: p50 \d+ ms, p95 \d+ ms", locust_run.output, re.MULTILINE)
+
+
+def test_make_locust_prints_a_summary_keeps_runs_apart_and_fails_with_the_gate(
+    base_url: str, tmp_path: Path
+) -> None:
+    """Against the shedding server the gate fails (shed rate over 5%): make exits non-zero.
+    The console shows the summary only; each run has its own folder, Locust's tables in its
+    log. (`-o`: make must not rebuild the virtualenv from a test.)"""
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [
+                "make",
+                "-o",
+                ".venv/.dev",
+                "-o",
+                ".venv/.installed",
+                "locust",
+                f"HOST_URL={base_url}",
+                "LOCUST_TIME=3s",
+                f"LOCUST_RESULTS={tmp_path}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            cwd=servers.REPO_ROOT,
+        )
+        output = done.stdout + done.stderr
+        assert done.returncode != 0, output
+        assert "SLO FAIL: shed rate" in output and "SLO gate: FAILED" in output, output
+        assert len(done.stdout.splitlines()) <= 12, output
+        assert "Aggregated" not in output, "Locust's tables belong in the run's log"
+        runs.append(output)
+    folders = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(folders) == 2, runs
+    for folder in folders:
+        assert f"files in {folder}/" in "".join(runs)
+        assert gate.read_csv(folder / "step").requests > 0
+        assert "Aggregated" in (folder / "locust.log").read_text()
+        assert (folder / "step.html").stat().st_size > 0
 
 
 def test_gate_cli_fails_on_impossible_and_passes_on_lenient(locust_run: LocustRun) -> None:

@@ -41,13 +41,77 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The image reference; fails the render, saying how to get one, without a repository. */}}
 {{- define "pipeline-server.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- $howto := printf "image.repository is required: no pipeline-server image is published. Build one from the repository's Dockerfile and push it to a registry your cluster can pull from (docker build -t REGISTRY/pipeline-server:%s . && docker push REGISTRY/pipeline-server:%s), or name one your organisation publishes, then install with --set image.repository=REGISTRY/pipeline-server (and --set image.tag=TAG for a tag other than %s)" $tag $tag .Chart.AppVersion }}
+{{- $repository := required $howto .Values.image.repository }}
 {{- if .Values.image.digest }}
-{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- printf "%s:%s@%s" $repository $tag .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repository $tag }}
 {{- end }}
+{{- end }}
+
+{{/* What NOTES.txt calls the served model: its served name, Hub id, or where it comes from. */}}
+{{- define "pipeline-server.modelName" -}}
+{{- $m := .Values.model }}
+{{- if $m.servedName }}
+{{- $m.servedName }}
+{{- else if $m.id }}
+{{- $m.id }}
+{{- else if eq $m.source "download" }}
+{{- $m.download.repoId }}{{ with $m.revision }} at revision {{ . }}{{ end }} (downloaded from the Hugging Face Hub at pod start)
+{{- else if eq $m.source "pvc" }}
+{{- printf "found in the PersistentVolumeClaim %s" $m.pvc.claimName }}{{ with $m.pvc.subPath }} (folder {{ . }}){{ end }}
+{{- else }}
+{{- "baked into the image (sentence-transformers/all-MiniLM-L6-v2 unless the image was built with another MODEL)" }}
+{{- end }}
+{{- end }}
+
+{{/* The sentence NOTES.txt's curl and the `helm test` pod send: fill-mask needs a mask token. */}}
+{{- define "pipeline-server.exampleInput" -}}
+{{- if .Values.testPod.input }}
+{{- .Values.testPod.input }}
+{{- else if eq .Values.model.task "fill-mask" }}
+{{- "Paris is the [MASK] of France." }}
+{{- else }}
+{{- "The weather is lovely today." }}
+{{- end }}
+{{- end }}
+
+{{/* A resource quantity ("256Mi", "1Gi", "2G", 1e9) in bytes, as a float. */}}
+{{- define "pipeline-server.bytes" -}}
+{{- $q := toString . }}
+{{- $units := dict "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 "m" 0.001 }}
+{{- $unit := regexFind "(Ki|Mi|Gi|Ti|k|M|G|T|m)$" $q }}
+{{- mulf (trimSuffix $unit $q | float64) (get $units $unit | default 1.0) }}
+{{- end }}
+
+{{/*
+The server's ephemeral-storage request: the size limits of the emptyDirs on the node's disk
+(/tmp unless it is in memory, /cache, the downloaded model), in MiB, rounded up. The kubelet
+evicts a pod whose emptyDir passes its limit; requesting the sum makes the scheduler place the
+pod only where that much disk is free.
+*/}}
+{{- define "pipeline-server.ephemeralStorage" -}}
+{{- $total := float64 (include "pipeline-server.bytes" .Values.cache.sizeLimit) }}
+{{- if ne .Values.tmp.medium "Memory" }}
+{{- $total = addf $total (include "pipeline-server.bytes" .Values.tmp.sizeLimit | float64) }}
+{{- end }}
+{{- if eq .Values.model.source "download" }}
+{{- $total = addf $total (include "pipeline-server.bytes" .Values.model.download.sizeLimit | float64) }}
+{{- end }}
+{{- printf "%dMi" (divf $total 1048576.0 | ceil | int64) }}
+{{- end }}
+
+{{/* The server container's resources: the values, with the ephemeral-storage request added. */}}
+{{- define "pipeline-server.resources" -}}
+{{- $resources := deepCopy .Values.resources }}
+{{- if not (dig "requests" "ephemeral-storage" "" $resources) }}
+{{- $_ := set $resources.requests "ephemeral-storage" (include "pipeline-server.ephemeralStorage" .) }}
+{{- end }}
+{{- toYaml $resources }}
 {{- end }}
 
 {{/* MODEL_ID the container is given: an explicit model.id, else where the source puts it. */}}
@@ -118,9 +182,6 @@ The shutdown margin (10 s) covers gunicorn's exit after the drain and the kubele
 {{- end }}
 {{- if lt (int $v.server.maxQueueSize) (int $v.server.maxClientBatchSize) }}
 {{- fail (printf "server.maxQueueSize (%d) must be at least server.maxClientBatchSize (%d): a full-size request could never be admitted" (int $v.server.maxQueueSize) (int $v.server.maxClientBatchSize)) }}
-{{- end }}
-{{- if and (not $v.server.torchNumThreads) (not (dig "limits" "cpu" "" $v.resources)) }}
-{{- fail "resources.limits.cpu is required unless server.torchNumThreads is set: TORCH_NUM_THREADS comes from the CPU limit, and without one it would be the node's whole core count" }}
 {{- end }}
 {{- if and (eq $v.model.source "pvc") (not $v.model.pvc.claimName) }}
 {{- fail "model.source=pvc needs model.pvc.claimName (an existing PersistentVolumeClaim holding the model)" }}
