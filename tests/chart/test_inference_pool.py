@@ -10,7 +10,18 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from .helm import CHART, CRD_APIS, NAMESPACE, RELEASE, Manifest, helm, kinds, only, render
+from .helm import (
+    CHART,
+    CRD_APIS,
+    NAMESPACE,
+    RELEASE,
+    REPOSITORY,
+    Manifest,
+    helm,
+    kinds,
+    only,
+    render,
+)
 
 pytestmark = pytest.mark.chart
 
@@ -72,7 +83,14 @@ def test_nothing_renders_without_the_api_or_when_disabled() -> None:
     assert "InferencePool" not in kinds(without_api)
     assert "InferencePool" not in kinds(render(None, apis=WITH_POOL))
     done = helm(
-        "install", RELEASE, str(CHART), "--dry-run=client", "--set", "inferencePool.enabled=true"
+        "install",
+        RELEASE,
+        str(CHART),
+        "--dry-run=client",
+        "--set",
+        f"image.repository={REPOSITORY}",
+        "--set",
+        "inferencePool.enabled=true",
     )
     assert done.returncode == 0, done.stderr
     assert "WARNING: inferencePool.enabled=true, but this cluster does not serve" in done.stdout
