@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from service import pooling
+from service.backends import Backend
+from service.backends.torch_backend import TorchBackend
 from service.errors import InvalidInput
 from service.jobs import Counted, Op, Unit
 from service.model import ModelInfo, Prepared, prepare_each
@@ -44,9 +46,15 @@ class EncoderEngine:
     """A text encoder (`pipe.model`, `pipe.tokenizer`) run on padded batches of units."""
 
     def __init__(
-        self, pipe: Pipeline, info: ModelInfo, sentence: pooling.SentenceConfig | None
+        self,
+        pipe: Pipeline,
+        info: ModelInfo,
+        sentence: pooling.SentenceConfig | None,
+        backend: Backend | None = None,
     ) -> None:
         self.pipe = pipe
+        # How the forward is computed (`service.backends`); default: the pipeline's own model.
+        self.backend: Backend = backend or TorchBackend(pipe.model, pipe.device)
         self.info = info
         self.sentence = sentence
         tok = pipe.tokenizer
@@ -223,17 +231,14 @@ class EncoderEngine:
         hidden state [B, L, H] or the classifier's logits [B, labels]. Raises what the model
         raises.
         """
-        import torch
-
         encoded: list[Encoded] = [p.payload for p in batch]
         lengths = np.array([len(e.ids) for e in encoded])
         inputs = self._pad(encoded, lengths)
-        with torch.inference_mode():
-            out = self.pipe.model(**{k: v.to(self.pipe.device) for k, v in inputs.items()})
+        output = self.backend.forward(inputs)  # float32 on the CPU (service.backends)
         if self.info.kind == "classifier":
-            logits = out.logits.float().cpu()
+            logits = output
             return [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
-        hidden = out[0].float()
+        hidden = output
         answers: list[Any] = [None] * len(batch)
         pooled_rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED]
         if pooled_rows:

@@ -64,6 +64,10 @@ class ModelInfo:
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     served_name: str = ""  # the name answers give the model (OpenAI's `model`): no paths
+    # How batches are computed (`service.backends`): "torch" or "onnx", and /info's `backend`
+    # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
+    backend: str = "torch"
+    backend_summary: Mapping[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -84,6 +88,7 @@ class ModelInfo:
             "vocab_size": self.vocab_size,
             "prompts": sorted(self.prompts) or None,
             "default_prompt_name": self.default_prompt_name,
+            "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
         }
 
 
