@@ -8,6 +8,7 @@ cached beside the float32 one (the same key) when that folder is writable, else 
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -39,6 +40,11 @@ def quantize(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=target.parent)
     os.close(fd)
+    root = logging.getLogger()
+    level = root.level
+    # The quantizer logs a generic "consider pre-processing" warning on the root logger at
+    # every call (start only, inference thread): not a line for the service's log.
+    root.setLevel(logging.ERROR)
     try:
         quantize_dynamic(
             source,
@@ -49,6 +55,7 @@ def quantize(source: Path, target: Path) -> None:
         )
         os.replace(tmp, target)
     finally:
+        root.setLevel(level)
         Path(tmp).unlink(missing_ok=True)
 
 
