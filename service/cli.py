@@ -13,12 +13,23 @@ from service.settings import SettingsError, load_settings
 
 
 def main() -> None:
+    """`pipeline-server`: serve; `pipeline-server export`: write the model folder's own ONNX
+    graph (`service.backends.bake`), e.g. in an image's model stage."""
     try:
         settings = load_settings()  # fail here, in one line, before gunicorn starts
         preflight(settings)
     except (SettingsError, ValueError) as exc:
         print(f"pipeline-server: {exc}", file=sys.stderr)
         sys.exit(2)
+    if sys.argv[1:] == ["export"]:
+        from service.backends import bake
+
+        try:
+            bake.main(settings)
+        except (ValueError, OSError) as exc:
+            print(f"pipeline-server export: {exc}", file=sys.stderr)
+            sys.exit(1)
+        return
     # Tokenizers' Rust thread pool is unsafe across fork (gunicorn forks the worker).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:service.gunicorn_conf"]

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from service import families, pooling
+from service.backends import Backend
+from service.backends.torch_backend import TorchBackend
 from service.errors import InvalidInput
 from service.jobs import Counted, Op, Unit
 from service.model import ModelInfo, Prepared, prepare_each
@@ -45,9 +47,15 @@ class EncoderEngine:
     """A text encoder (`pipe.model`, `pipe.tokenizer`) run on padded batches of units."""
 
     def __init__(
-        self, pipe: Pipeline, info: ModelInfo, sentence: pooling.SentenceConfig | None
+        self,
+        pipe: Pipeline,
+        info: ModelInfo,
+        sentence: pooling.SentenceConfig | None,
+        backend: Backend | None = None,
     ) -> None:
         self.pipe = pipe
+        # How the forward is computed (`service.backends`); default: the pipeline's own model.
+        self.backend: Backend = backend or TorchBackend(pipe.model, pipe.device)
         self.info = info
         self.sentence = sentence
         tok = pipe.tokenizer
@@ -225,22 +233,19 @@ class EncoderEngine:
         hidden state [B, L, H] or the classifier's logits [B, labels]. Raises what the model
         raises.
         """
-        import torch
-
         encoded: list[Encoded] = [p.payload for p in batch]
         lengths = np.array([len(e.ids) for e in encoded])
         inputs = self._pad(encoded, lengths)
-        with torch.inference_mode():
-            out = self.pipe.model(**{k: v.to(self.pipe.device) for k, v in inputs.items()})
+        output = self.backend.forward(inputs)  # float32 on the CPU (service.backends)
         if self.info.kind == "classifier":
-            logits = out.logits.float().cpu()
+            logits = output
             return [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
-        return _with_counts(batch, self._answers(batch, out[0], inputs["attention_mask"], lengths))
+        return _with_counts(batch, self._answers(batch, output, inputs["attention_mask"], lengths))
 
     def _answers(self, batch: list[Prepared], first: Any, mask: Any, lengths: Any) -> list[Any]:
         """Each unit's answer from the model's first output (`first`: [B, L, H] token rows, or
         a masked-LM model's [B, L, vocab] logits): pooled (+ Dense heads), SPLADE, or rows."""
-        hidden = first.float()
+        hidden = first.float()  # a no-op for the backends' float32 output
         answers: list[Any] = [None] * len(batch)
         for found in (
             families.embed_rows(self, batch, hidden, mask),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from service import families, pooling
+from service.backends import Backend
 from service.encoder import EncoderEngine
 from service.jobs import Op
 from service.model import Engine, Kind, ModelInfo, PipelineEngine
@@ -155,11 +156,10 @@ def load_engine(settings: Settings) -> Engine:
     device = settings.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if settings.dtype == "int8":
-        device = "cpu"
-    dtype: Any = {"auto": "auto", "int8": torch.float32}.get(settings.dtype) or getattr(
-        torch, settings.dtype
-    )
+    if settings.dtype == "int8" or settings.backend == "onnx":
+        device = "cpu"  # onnxruntime's CPU build
+    # float32: the reference every other backend and dtype is made from and checked against
+    dtype = torch.float32
     sentence = _sentence_config(model_id, settings) if task == "feature-extraction" else None
     weights = model_id
     if sentence is not None and sentence.transformer_path and Path(model_id).is_dir():
@@ -175,8 +175,6 @@ def load_engine(settings: Settings) -> Engine:
     )
     pipe.model = _masked_lm_for_splade(pipe, weights, sentence, settings)
     pipe.model.eval()
-    if settings.dtype == "int8":
-        pipe.model = _quantize_int8(pipe.model)
     # inference_mode skips autograd's version counters and view tracking that no_grad (the
     # pipeline's default context) still pays for; nothing here ever needs gradients.
     pipe.get_inference_context = lambda: torch.inference_mode
@@ -187,9 +185,38 @@ def load_engine(settings: Settings) -> Engine:
         limit = min(limit, pooling.configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit  # truncation then cuts at the real limit
     info = _model_info(settings, model_id, task, pipe, limit, sentence)
+    backend, info = _chosen_backend(settings, pipe, info, weights)
     if info.kind == "pipeline":
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
-    return families.check_finite(EncoderEngine(pipe, info, sentence))
+    return families.check_finite(EncoderEngine(pipe, info, sentence, backend=backend))
+
+
+def _chosen_backend(
+    settings: Settings, pipe: Pipeline, info: ModelInfo, weights: str
+) -> tuple[Backend, ModelInfo]:
+    """The backend BACKEND/DTYPE choose for this model (`service.backends.select`: timed and
+    checked against float32), and `info` with its name, dtype and measurements."""
+    from service.backends.select import choose_backend
+
+    folder = _weights_folder(weights, settings)
+    choice = choose_backend(settings, pipe, folder, info.kind, info.pooling)
+    summary = MappingProxyType(choice.summary())
+    return choice.backend, dataclasses.replace(
+        info, backend=choice.backend.name, dtype=choice.backend.dtype, backend_summary=summary
+    )
+
+
+def _weights_folder(weights: str, settings: Settings) -> Path | None:
+    """The local folder of the model's weights (a hub model's cached snapshot), or None."""
+    if Path(weights).is_dir():
+        return Path(weights)
+    try:
+        from transformers.utils import cached_file
+
+        found = cached_file(weights, "config.json", revision=settings.revision)
+    except Exception:
+        return None
+    return Path(found).parent if found else None
 
 
 def _model_info(
@@ -233,7 +260,7 @@ def _model_info(
         kind=kind,
         ops=frozenset(served),
         device=str(pipe.device),
-        dtype="int8" if settings.dtype == "int8" else str(pipe.model.dtype).removeprefix("torch."),
+        dtype=str(pipe.model.dtype).removeprefix("torch."),
         torch_threads=torch.get_num_threads(),
         max_input_tokens=limit,
         mask_token=tok.mask_token if task == "fill-mask" else None,
@@ -325,20 +352,6 @@ def _local_folder(model_id: str, settings: Settings) -> Path | None:
     except Exception:
         log.warning("sentence_config_unavailable", model_id=model_id)
         return None
-
-
-def _quantize_int8(model: Any) -> Any:
-    """Dynamic int8 quantization of every Linear layer (weights int8, activations quantized
-    per batch), from `torch.ao.quantization`. Its accuracy cost is measured, not assumed: see
-    README (cosine similarity to the float32 outputs)."""
-    import warnings
-
-    import torch
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():  # eager quantization is deprecated in favour of torchao
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def _max_input_tokens(pipe: Pipeline) -> int:

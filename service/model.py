@@ -67,6 +67,10 @@ class ModelInfo:
     sparse: bool = False  # a SPLADE model: sparse embeddings (`Op.SPARSE`), `dimension` = vocab
     modules: tuple[str, ...] = ()  # the sentence-transformers module chain, for /info
     matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
+    # How batches are computed (`service.backends`): "torch" or "onnx", and /info's `backend`
+    # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
+    backend: str = "torch"
+    backend_summary: Mapping[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -90,6 +94,7 @@ class ModelInfo:
             "sparse": self.sparse,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
+            "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
         }
 
 

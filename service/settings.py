@@ -43,9 +43,12 @@ class Settings(BaseSettings):
     served_model_name: str | None = None
     revision: str | None = None
     device: Literal["cpu", "cuda", "auto"] = "auto"
-    # auto: the model's own. int8: dynamic int8 quantization of the Linear layers (CPU only).
+    # auto: the fastest that keeps float32's answers, checked at start (docs/backends.md).
+    # int8: onnxruntime's dynamic int8 quantization (CPU only, opt-in, never chosen by auto).
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
     trust_remote_code: bool = False
+    # How a batch is computed: auto (the fastest that keeps the answers), torch, onnx.
+    backend: Literal["auto", "torch", "onnx"] = "auto"
 
     max_batch_size: int = Field(32, ge=1, le=4096)
     max_batch_wait_ms: float = Field(0.0, ge=0, le=10_000, allow_inf_nan=False)
@@ -93,7 +96,7 @@ class Settings(BaseSettings):
     # container gets by default (soft limit), leaving room for the process's own.
     max_connections: int = Field(900, ge=1)
 
-    @field_validator("log_level", "log_format", "pooling", mode="before")
+    @field_validator("log_level", "log_format", "pooling", "backend", "dtype", mode="before")
     @classmethod
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value  # LOG_LEVEL=DEBUG works too
@@ -110,6 +113,21 @@ class Settings(BaseSettings):
     def _int8_is_for_cpu(self) -> Settings:
         if self.dtype == "int8" and self.device == "cuda":
             raise ValueError("DTYPE=int8 (dynamic quantization) runs on the CPU; set DEVICE=cpu")
+        return self
+
+    @model_validator(mode="after")
+    def _backend_runs_dtype(self) -> Settings:
+        if self.dtype == "int8" and self.backend == "torch":
+            raise ValueError("DTYPE=int8 runs on onnxruntime; set BACKEND=onnx or BACKEND=auto")
+        if self.backend == "onnx" and self.dtype in ("bfloat16", "float16"):
+            raise ValueError(
+                f"BACKEND=onnx runs float32 or int8, not DTYPE={self.dtype}; set DTYPE=auto, "
+                "float32 or int8, or BACKEND=torch"
+            )
+        if self.backend == "onnx" and self.device == "cuda":
+            raise ValueError(
+                "BACKEND=onnx runs on the CPU (onnxruntime's CPU build); set DEVICE=cpu"
+            )
         return self
 
     @model_validator(mode="after")

@@ -13,6 +13,12 @@ from starlette.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite compares answers with float32 references (sentence-transformers, direct pipeline
+# calls) at 1e-4 and starts dozens of servers: it runs torch float32 unless a test asks for
+# another backend. Every backend against torch float32, and `auto`'s choice, are tested in
+# tests/test_backends.py (servers included); the image test serves the default (auto).
+os.environ.setdefault("BACKEND", "torch")
+os.environ.setdefault("DTYPE", "float32")
 
 from helpers import ServerProcess, app_client
 from models import build

@@ -56,6 +56,15 @@ class Case:
 CASES = {
     # The default model answers pooled sentence embeddings (mean, normalized): limit (b) pools too.
     "embeddings": Case("embeddings", limit_mod.default_model, "pooled embeddings", pooling="mean"),
+    # The same with today's backend before issue 20 (torch float32), side by side in one run:
+    # each case's limit (b) runs on its own server's backend (loadtest.limit).
+    "embeddings-torch-float32": Case(
+        "embeddings-torch-float32",
+        limit_mod.default_model,
+        "pooled embeddings, BACKEND=torch DTYPE=float32",
+        pooling="mean",
+        env={"BACKEND": "torch", "DTYPE": "float32"},
+    ),
     "token-rows": Case(
         "token-rows", limit_mod.default_model, "token rows (POOLING=none)", env={"POOLING": "none"}
     ),
@@ -68,7 +77,7 @@ CASES = {
 def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--short-cases",
-        default="embeddings,classification",
+        default="embeddings,embeddings-torch-float32,classification",
         help=f"cases to run ({', '.join(CASES)})",
     )
     p.add_argument("--short-inputs", type=int, help="short inputs (default 2000, quick 500)")

@@ -305,8 +305,10 @@ def test_limit_worker_answers_in_turn_and_exits(embedded_model: Path, tmp_path: 
             large = worker.ask(op="replay", shapes=[[16, 128], [16, 128]])["seconds"]
             pooled = worker.ask(op="b", batch_size=4, pooling="mean")["inputs_per_s"]
             pooling = worker.ask(op="pooling", batch_size=4)
+            backend = worker.ask(op="backend")  # (b)'s forward: the server's (tests/conftest.py)
         finally:
             worker.close()
+    assert (backend["name"], backend["dtype"]) == ("torch", "float32")
     assert all(0 < rate < 10_000 for rate in [*passes, pooled])
     assert 0 < pooling["pool_ms_per_input"] < pooling["model_ms_per_input"]
     assert len(calls) == 3 and all(0 < ms < 10_000 for ms in calls)

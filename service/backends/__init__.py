@@ -1,0 +1,32 @@
+"""How a batch is computed: one small interface, one module per way of computing.
+
+A backend knows tensors, not HTTP or jobs: `forward` takes the padded int64 inputs the engine
+builds (`input_ids`, `attention_mask`, and `token_type_ids` where the model takes them, each
+[B, L]) and returns the model's first output as a float32 CPU torch tensor: the last hidden
+state [B, L, H] of an encoder, the logits [B, labels] of a classifier, the logits [B, L, vocab]
+of a masked-LM model.
+
+- `service.backends.torch_backend`: the transformers model in float32, bfloat16 or float16.
+- `service.backends.onnx_backend`: onnxruntime on an exported graph (float32, or int8).
+- `service.backends.export`: the ONNX export and its cache.
+- `service.backends.choice`: timing and checking candidates against torch float32 at start.
+- `service.backends.select`: which candidates BACKEND/DTYPE allow here, and the one served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class Backend(Protocol):
+    """One way of computing the model's first output. Inference thread only."""
+
+    name: str  # "torch" or "onnx"
+    dtype: str  # "float32", "bfloat16", "float16" or "int8"
+
+    def forward(self, inputs: Mapping[str, Any]) -> Any:
+        """The model's first output for `inputs` (int64 CPU tensors [B, L] by input name) as a
+        float32 CPU torch tensor ([B, L, H], [B, labels] or [B, L, vocab]); raises what the
+        model raises."""
+        ...

@@ -1,0 +1,59 @@
+"""onnxruntime on an exported graph (CPU execution provider): float32, or dynamic int8."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def session_options(threads: int) -> Any:
+    """The session's options: `threads` intra-op threads (the torch thread count: the
+    container's CPU quota), one inter-op thread (one inference thread runs one graph at a time;
+    a second pool would only compete for the same cores), every graph optimization (fusions of
+    attention, layer norm and GELU), sequential execution. The CPU memory arena is off: it
+    keeps the largest block each batch shape asked for and never returns it, so serving every
+    (batch, length) shape grows it without bound; with it off, blocks go back to the allocator
+    after each run (memory patterns are per shape and off for the same reason)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.log_severity_level = 3  # errors only: its warnings are not our log lines
+    return options
+
+
+class OnnxBackend:
+    """An onnxruntime session over `path`, fed the inputs its graph names (others dropped)."""
+
+    name = "onnx"
+
+    def __init__(self, path: Path, threads: int, dtype: str = "float32") -> None:
+        import onnxruntime as ort
+
+        self.path = path
+        self.dtype = dtype
+        self.session = ort.InferenceSession(
+            str(path), session_options(threads), providers=["CPUExecutionProvider"]
+        )
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self._first_output = self.session.get_outputs()[0].name
+
+    def forward(self, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        feed = {name: _numpy(inputs[name]) for name in self.input_names if name in inputs}
+        missing = [name for name in self.input_names if name not in inputs]
+        for name in missing:  # token_type_ids of a graph that takes them, for a single text
+            feed[name] = _numpy(inputs["input_ids"]) * 0
+        (output,) = self.session.run([self._first_output], feed)
+        return torch.from_numpy(output).float()
+
+
+def _numpy(tensor: Any) -> Any:
+    return tensor.numpy() if hasattr(tensor, "numpy") else tensor

@@ -1,0 +1,211 @@
+"""Which candidates BACKEND and DTYPE allow on this machine, and the one that is served.
+
+`auto` never guesses: every candidate this machine runs natively is built, timed on warm-up
+batches (1, 8 and 32 inputs) and checked against torch float32 on fixed texts
+(`service.backends.choice`); the fastest that passes is served. Candidates:
+- torch float32: the reference, always;
+- onnxruntime float32 (CPU): exported once, cached (`service.backends.export`);
+- torch bfloat16 on a CPU with native bfloat16 (AVX512-BF16 or AMX: elsewhere torch emulates
+  it, about 100x slower), and torch float16 and bfloat16 on CUDA;
+- onnxruntime int8 only when DTYPE=int8 asks for it (never chosen by `auto`).
+An explicit BACKEND and DTYPE serve that one candidate (measured, for /info), or torch float32
+with one log line saying why when it cannot be built (a model that does not export).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from service.backends import Backend
+from service.backends.choice import (
+    Candidate,
+    Compare,
+    Measured,
+    Quality,
+    fastest_passing,
+    measure,
+)
+from service.backends.quality import classifier_quality, embedding_quality
+from service.backends.torch_backend import TorchBackend, converted
+
+log = structlog.get_logger("service.backends")
+
+# Fixed warm-up texts: the quality check's inputs, and (repeated) the timing batches'.
+TEXTS = (
+    "A man is playing a guitar.",
+    "The stock market fell sharply today, analysts said.",
+    "How do I reset my password?",
+    "Photosynthesis converts light energy into chemical energy in plants.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Der Zug nach Berlin hat zehn Minuten Verspätung.",
+    "Please send the quarterly report to the finance team by Friday at noon.",
+    "Is it going to rain tomorrow?",
+    "Neural networks learn representations from data by gradient descent on a loss.",
+    "She sold seashells by the seashore.",
+    "Water boils at 100 degrees Celsius at sea level.",
+    "Thanks!",
+    "The committee postponed its decision until more evidence could be gathered.",
+    "Where is the nearest train station?",
+    "An apple a day keeps the doctor away.",
+    "The new phone has a faster processor, a brighter screen and a longer battery life.",
+)
+TIMING_SIZES = (1, 8, 32)
+PIPELINE_NOTE = (
+    "fill-mask and token-classification run on torch (the pipeline's own forward and "
+    "postprocess); BACKEND=onnx and DTYPE=int8 do not apply to them"
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The backend served, every candidate's measurement, and the seconds the choice took."""
+
+    backend: Backend
+    measured: tuple[Measured, ...]
+    seconds: float
+    note: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """/info's `backend` object and the `backend_chosen` log line's fields."""
+        out: dict[str, Any] = {
+            "name": self.backend.name,
+            "dtype": self.backend.dtype,
+            "choice_s": round(self.seconds, 2),
+            "candidates": [m.summary() for m in self.measured],
+        }
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """The CPU computes bfloat16 itself (the `avx512_bf16` or `amx_bf16` flag)."""
+    try:
+        flags = cpuinfo.read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def choose_backend(
+    settings: Any, pipe: Any, folder: Path | None, kind: str, modes: tuple[str, ...] | None
+) -> Choice:
+    """The backend for the loaded float32 `pipe` (BACKEND, DTYPE), chosen as this module says.
+    `folder`: the model's files (None: unknown; no ONNX then); `kind`: the engine's kind;
+    `modes`: the pooling modes checked for embeddings. Logs `backend_chosen` (one line)."""
+    started = time.perf_counter()
+    reference = TorchBackend(pipe.model, pipe.device)
+    if kind == "pipeline":
+        return _pipeline_choice(settings, pipe, reference, started)
+    candidates = _candidates(settings, pipe, folder, reference)
+    explicit = settings.backend != "auto" and settings.dtype != "auto"
+    if (
+        len(candidates) == 1
+        and candidates[0].backend == "torch"
+        and candidates[0].dtype == "float32"
+    ):
+        return _logged(Choice(reference, (Measured("torch", "float32"),), 0.0))
+    batch = padded_inputs(pipe.tokenizer, TEXTS)
+    timing = [padded_inputs(pipe.tokenizer, (TEXTS * 2)[:n]) for n in TIMING_SIZES]
+    expected = reference.forward(batch)
+    compare: Compare = classifier_quality
+    if kind != "classifier":
+        mask, pool = batch["attention_mask"], modes or ("mean",)
+
+        def compare(ref: Any, out: Any) -> Quality:
+            return embedding_quality(ref, out, mask, pool)
+
+    results = [measure(c, expected, batch, timing, compare) for c in candidates]
+    measured = tuple(m for m, _ in results)
+    for m in measured:
+        if m.error is not None:
+            log.warning("backend_unavailable", backend=m.backend, dtype=m.dtype, reason=m.error)
+    if explicit or settings.dtype == "int8":
+        served = results[0][1]
+        if served is None:
+            log.warning("backend_fallback", to="torch float32", reason=measured[0].error)
+            served = reference
+        elif not measured[0].passed:
+            log.warning("backend_below_quality", backend=served.name, dtype=served.dtype)
+    else:
+        best = fastest_passing(measured)
+        served = reference if best is None else results[best][1] or reference
+    return _logged(Choice(served, measured, time.perf_counter() - started))
+
+
+def _candidates(
+    settings: Any, pipe: Any, folder: Path | None, ref: TorchBackend
+) -> list[Candidate]:
+    """What BACKEND/DTYPE allow on this device, in the order they are measured."""
+    import torch
+
+    from service.backends import int8, onnx_backend
+
+    backend, dtype = settings.backend, settings.dtype
+    cuda = str(pipe.device).startswith("cuda")
+    threads = torch.get_num_threads()
+    out: list[Candidate] = []
+    if dtype == "int8":
+        return [Candidate("onnx", "int8", lambda: int8.backend(_graph(pipe, folder), threads))]
+    if backend in ("auto", "torch") and dtype in ("auto", "float32"):
+        out.append(Candidate("torch", "float32", lambda: ref))
+    if backend in ("auto", "onnx") and dtype in ("auto", "float32") and not cuda:
+        out.append(
+            Candidate(
+                "onnx", "float32", lambda: onnx_backend.OnnxBackend(_graph(pipe, folder), threads)
+            )
+        )
+    for reduced in ("bfloat16", "float16"):
+        native = cuda or (reduced == "bfloat16" and native_bf16())
+        if backend in ("auto", "torch") and (dtype == reduced or (dtype == "auto" and native)):
+            out.append(Candidate("torch", reduced, _torch(pipe, reduced)))
+    return out
+
+
+def _torch(pipe: Any, dtype: str) -> Any:
+    return lambda: TorchBackend(converted(pipe.model, dtype), pipe.device)
+
+
+def _graph(pipe: Any, folder: Path | None) -> Path:
+    """The float32 graph's path (the folder's own, cached, or exported now: logged)."""
+    from service.backends.export import cached_graph
+
+    if folder is None:
+        raise ValueError("the model's files are not in a local folder")
+    started = time.perf_counter()
+    path, exported = cached_graph(pipe.model, folder, padded_inputs(pipe.tokenizer, TEXTS[:2]))
+    if exported:
+        log.info("onnx_exported", path=str(path), export_s=round(time.perf_counter() - started, 2))
+    return path
+
+
+def padded_inputs(tok: Any, texts: tuple[str, ...]) -> dict[str, Any]:
+    """The padded int64 batch the encoder engine builds for `texts` (the names it feeds)."""
+    limit = min(128, int(tok.model_max_length))
+    enc = tok(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
+    names = ["input_ids", "attention_mask"]
+    if "token_type_ids" in tok.model_input_names and "token_type_ids" in enc:
+        names.append("token_type_ids")
+    return {n: enc[n] for n in names}
+
+
+def _pipeline_choice(settings: Any, pipe: Any, ref: TorchBackend, started: float) -> Choice:
+    """The pipeline engine runs the pipeline's torch model: float32, or DTYPE's torch dtype."""
+    if settings.backend == "onnx" or settings.dtype == "int8":
+        log.warning("backend_fallback", to="torch", reason=PIPELINE_NOTE)
+    backend = ref
+    if settings.dtype in ("bfloat16", "float16"):
+        pipe.model = converted(pipe.model, settings.dtype)
+        backend = TorchBackend(pipe.model, pipe.device)
+    measured = (Measured("torch", backend.dtype),)
+    return _logged(Choice(backend, measured, time.perf_counter() - started, PIPELINE_NOTE))
+
+
+def _logged(choice: Choice) -> Choice:
+    log.info("backend_chosen", **choice.summary())
+    return choice

@@ -1,0 +1,131 @@
+"""`auto`'s choice with a fake clock and fake candidates: the fastest that keeps the answers.
+
+No model: fake backends return the reference output (or a distorted one) and advance a fake
+clock by their cost per call, so the timings are exact and the test cannot be flaky.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import torch
+
+from service.backends.choice import Candidate, Measured, Quality, fastest_passing, measure
+from service.backends.quality import classifier_quality, embedding_quality
+
+torch.manual_seed(0)
+REFERENCE = torch.randn(4, 6, 8)  # token rows [B, L, H] of torch float32
+MASK = torch.ones(4, 6, dtype=torch.long)
+QUALITY_INPUTS = {"input_ids": torch.zeros(4, 6, dtype=torch.long), "attention_mask": MASK}
+TIMING = [{"input_ids": torch.zeros(n, 6, dtype=torch.long)} for n in (1, 8, 32)]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeBackend:
+    """Costs `per_input` fake seconds per input; answers `REFERENCE` plus `noise`."""
+
+    def __init__(self, clock: FakeClock, per_input: float, noise: float, dtype: str) -> None:
+        self.name, self.dtype = "fake", dtype
+        self.clock, self.per_input, self.noise = clock, per_input, noise
+
+    def forward(self, inputs: Mapping[str, Any]) -> Any:
+        self.clock.now += self.per_input * inputs["input_ids"].shape[0]
+        generator = torch.Generator().manual_seed(1)
+        return REFERENCE + self.noise * torch.randn(REFERENCE.shape, generator=generator)
+
+
+def compare(ref: Any, out: Any) -> Quality:
+    return embedding_quality(ref, out, MASK, ("mean",))
+
+
+def run(specs: list[tuple[str, float, float]], clock: FakeClock) -> list[Measured]:
+    """Measure a candidate per (dtype, seconds per input, noise)."""
+    out = []
+    for dtype, per_input, noise in specs:
+
+        def build(p: float = per_input, n: float = noise, d: str = dtype) -> FakeBackend:
+            return FakeBackend(clock, p, n, d)
+
+        candidate = Candidate("fake", dtype, build)
+        out.append(measure(candidate, REFERENCE, QUALITY_INPUTS, TIMING, compare, clock)[0])
+    return out
+
+
+def test_speed_is_inputs_per_second_of_the_fake_clock() -> None:
+    (m,) = run([("float32", 0.01, 0.0)], FakeClock())
+    assert m.inputs_per_s == {n: pytest.approx(100.0) for n in (1, 8, 32)}
+    assert m.quality is not None and m.quality.min_cosine == pytest.approx(1.0)
+
+
+def test_a_faster_candidate_that_fails_the_check_is_never_chosen() -> None:
+    measured = run(
+        [("float32", 0.010, 0.0), ("bfloat16", 0.004, 0.005), ("int8", 0.001, 0.5)],
+        FakeClock(),
+    )
+    assert [m.passed for m in measured] == [True, True, False]
+    assert measured[2].speed() > measured[1].speed() > measured[0].speed()
+    assert fastest_passing(measured) == 1
+    assert measured[2].quality is not None and measured[2].quality.min_cosine is not None
+    assert measured[2].quality.min_cosine < 0.9995
+
+
+def test_a_candidate_that_fails_to_build_is_reported_and_not_chosen() -> None:
+    clock = FakeClock()
+
+    def broken() -> FakeBackend:
+        raise RuntimeError("Exporting the operator 'aten::foo' to ONNX is not supported\nmore")
+
+    (ok,) = run([("float32", 0.01, 0.0)], clock)
+    failed, backend = measure(
+        Candidate("onnx", "float32", broken), REFERENCE, QUALITY_INPUTS, TIMING, compare, clock
+    )
+    assert backend is None and not failed.passed
+    assert failed.error == "Exporting the operator 'aten::foo' to ONNX is not supported"
+    assert fastest_passing([ok, failed]) == 0
+    assert failed.summary()["error"] == failed.error
+
+
+def test_auto_never_serves_an_opt_in_candidate() -> None:
+    clock = FakeClock()
+    (slow,) = run([("float32", 0.01, 0.0)], clock)
+    fast = Candidate("onnx", "int8", lambda: FakeBackend(clock, 0.001, 0.0, "int8"), auto=False)
+    opt_in = measure(fast, REFERENCE, QUALITY_INPUTS, TIMING, compare, clock)[0]
+    assert opt_in.passed and opt_in.speed() > slow.speed()
+    assert fastest_passing([slow, opt_in]) == 0
+    assert fastest_passing([opt_in]) is None
+
+
+def test_non_finite_outputs_fail() -> None:
+    out = REFERENCE.clone()
+    out[1, 2, 3] = float("inf")  # a float16 overflow
+    assert not embedding_quality(REFERENCE, out, MASK, ("mean",)).passes()
+    assert not classifier_quality(REFERENCE[:, 2], out[:, 2]).passes()
+
+
+def test_classifier_check_allows_near_ties_to_flip_but_not_clear_labels() -> None:
+    # float32: row 0 a near tie (0.5005 vs 0.4995), row 1 clear
+    ref = torch.tensor([[0.001, -0.001], [2.0, -2.0]]).log_softmax(-1)
+    flipped_tie = torch.tensor([[-0.0005, 0.0005], [2.0, -2.0]])
+    assert classifier_quality(ref, flipped_tie).passes()
+    flipped_clear = torch.tensor([[0.001, -0.001], [-2.0, 2.0]])
+    quality = classifier_quality(ref, flipped_clear)
+    assert quality.top_label_kept is False and not quality.passes()
+    nudged = ref + torch.tensor([[0.0, 0.0], [0.0, 0.01]])  # probabilities move ~1.8e-4
+    assert classifier_quality(ref, nudged).passes()
+    assert not classifier_quality(ref, ref + torch.tensor([[0.0, 0.0], [0.0, 0.1]])).passes()
+
+
+def test_pooled_cosine_reads_the_models_pooling_mode() -> None:
+    out = REFERENCE.clone()
+    out[:, 0] = -out[:, 0]  # only the first (CLS) row changes
+    assert embedding_quality(REFERENCE, out, MASK, ("cls",)).min_cosine == pytest.approx(-1.0)
+    assert embedding_quality(REFERENCE, out, MASK, ("lasttoken",)).min_cosine == pytest.approx(1)
