@@ -14,12 +14,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
+import structlog
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
+from structlog.testing import capture_logs
 
 from loadtest.servers import free_port
 from service.app import create_app
@@ -66,6 +69,18 @@ def batch_sizes() -> tuple[float, float]:
     total = REGISTRY.get_sample_value("pipeline_server_batch_size_sum") or 0.0
     ones = REGISTRY.get_sample_value("pipeline_server_batch_size_bucket", {"le": "1.0"}) or 0.0
     return count - ones, total - ones
+
+
+@contextmanager
+def captured_logs(*modules: ModuleType) -> Iterator[list[Any]]:
+    """structlog's `capture_logs`, also for the `log` of `modules` once the app's logging setup
+    has run in this process: it caches each logger on first use
+    (`cache_logger_on_first_use`), and a cached logger no longer sees `capture_logs`'
+    processors. Each module's `log` is a fresh proxy for the duration."""
+    with capture_logs() as logs, pytest.MonkeyPatch.context() as patch:
+        for module in modules:
+            patch.setattr(module, "log", structlog.get_logger(module.__name__))
+        yield logs
 
 
 def wait_ready(get: Callable[[str], Any], timeout: float = 60) -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-from helpers import ServerProcess
+from helpers import ServerProcess, captured_logs
 from models import TEXT_LABELS, build
-from structlog.testing import capture_logs
 
+from service.backends import select
 from service.backends.export import OPSET, cache_key, cache_root
 from service.loading import load_engine
 from service.settings import Settings
@@ -29,7 +29,7 @@ def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def exported(folder: Path) -> list[str]:
     """Load as the server does with BACKEND=onnx; the paths it exported (from its log)."""
-    with capture_logs() as logs:
+    with captured_logs(select) as logs:
         engine = load_engine(Settings(model_id=str(folder), backend="onnx", dtype="float32"))
     assert engine.info.backend == "onnx"
     return [e["path"] for e in logs if e["event"] == "onnx_exported"]
