@@ -40,6 +40,7 @@ def test_the_graph_is_reused_across_starts_and_rebuilt_when_the_model_changes(
 ) -> None:
     (first,) = exported(model)
     assert Path(first) == cache_root() / cache_key(model) / "model.onnx"
+    assert Path(first).stat().st_mode & 0o777 == 0o644  # readable by a pod's non-root user
     stamp = Path(first).stat().st_mtime_ns
     assert exported(model) == []  # a second start: read from the cache
     assert Path(first).stat().st_mtime_ns == stamp

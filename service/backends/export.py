@@ -102,9 +102,17 @@ def export(model: Any, example: Mapping[str, Any], target: Path) -> None:
                 do_constant_folding=True,
                 dynamo=False,
             )
-        os.replace(tmp, target)
+        publish(tmp, target)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def publish(tmp: str, target: Path) -> None:
+    """Rename the finished `tmp` to `target`, mode 0o644: `mkstemp` makes it 0o600, and a graph
+    baked by root in an image's build stage must be readable by the non-root user the pod runs
+    as (the image test serves it)."""
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
 
 
 def write_own_graph(model: Any, folder: Path, example: Mapping[str, Any]) -> Path:

@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from service.backends.export import cache_root
+from service.backends.export import cache_root, publish
 from service.backends.onnx_backend import OnnxBackend
 
 INT8_NAME = "model.int8.onnx"
@@ -53,7 +53,7 @@ def quantize(source: Path, target: Path) -> None:
             weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul"],
         )
-        os.replace(tmp, target)
+        publish(tmp, target)
     finally:
         root.setLevel(level)
         Path(tmp).unlink(missing_ok=True)

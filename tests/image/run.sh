@@ -188,8 +188,12 @@ import json, sys
 model = json.load(open(sys.argv[1]))["model"]
 assert model["model_id"] == "/models/model", model
 assert model["torch_threads"] == int(sys.argv[2]), model
+# BACKEND=auto: every candidate ran (the baked onnx/model.onnx too, read by the pod's user)
+candidates = model["backend"]["candidates"]
+assert ("onnx", "float32") in {(c["backend"], c["dtype"]) for c in candidates}, candidates
+assert not [c for c in candidates if "error" in c], candidates
 PY
-check "/info: model /models/model, torch threads $TORCH_THREADS (from the CPU request)"
+check "/info: model /models/model, torch threads $TORCH_THREADS (from the CPU request), every backend candidate ran (served: $("$PYTHON" -c 'import json,sys; b=json.load(open(sys.argv[1]))["model"]["backend"]; print(b["name"], b["dtype"])' "$LOG/info.json"))"
 
 [ "$(podman exec "$NAME" id -u)" = 10001 ] || fail "the process is not uid 10001"
 podman exec "$NAME" cat /proc/1/cmdline | tr '\0' ' ' | grep -q gunicorn \
