@@ -20,6 +20,11 @@ ASGI task, middleware or message exists: the app's shed gate leaves itself in th
 state (`HEAD_SHEDDER`) and gives the whole answer (`shed_now`), or None to let the app have the
 request.
 
+The shed budget (`service.shed_budget`, issue 24) bounds what those sheds may cost the loop:
+each written shed is charged its CPU, and while the budget is spent a request to shed, on a
+connection that did not wait for its last Retry-After, is held with its connection not read
+(`_hold`), then decided again when the budget allows (`_release`).
+
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
 once per second per reason (`service.refusals`). A refusal waits for the answers already under
 way on its connection (pipelining), then closes it after a short linger (below).
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from asyncio import TimerHandle
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, cast
@@ -50,9 +56,11 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string, get_remote_addr
 from uvicorn.server import ServerState
 
+from service import metrics
 from service.framing import Framer, Step
 from service.refusals import Refusal, answer, record, throttled
 from service.settings import Settings, load_settings
+from service.shed_budget import ShedBudget
 
 log = structlog.get_logger("service.edge")
 
@@ -71,6 +79,12 @@ Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
 
 
 class HeadShedder(Protocol):
+    budget: ShedBudget | None  # None: sheds are not budgeted (SHED_BUDGET_SHARE=0)
+
+    def deadline_if_shed(self, scope: Scope) -> float | None:
+        """The request's deadline (monotonic s) if its head alone would shed it now, else None;
+        nothing recorded."""
+
     def shed_now(self, scope: Scope) -> Answer | None:
         """The whole answer for a request to shed from its head (its metrics and log line
         recorded), or None: the app answers it."""
@@ -135,6 +149,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body = (0, False)  # the current request's Content-Length, chunked
         self._head_ended = self._message_ended = False  # llhttp's view, per fed part
         self._popping = False  # starting a pipelined request (`on_response_complete`)
+        self._releasing = False  # deciding a request the shed budget held (`_release`)
+        self._cpu_since = 0.0  # the loop thread's CPU clock when this read began (the charge)
+        self._retry_at = 0.0  # monotonic: the Retry-After of this connection's last shed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self._max_connections and not self._close_an_idle_one():
@@ -166,6 +183,7 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._cpu_since = time.thread_time()  # what a shed answered from this read costs
         if self._linger_left is not None:  # answered and half-closed: drop, within the bound
             self._linger_left -= len(data)
             if self._linger_left < 0:
@@ -273,10 +291,55 @@ class EdgeProtocol(HttpToolsProtocol):
         cycle.transport = self._answer_transport  # its close may linger (`_close_after_answer`)
         shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
         ours = app is self.app and not self._popping and not self.flow.write_paused
-        if shedder is not None and ours and (answer := shedder.shed_now(cycle.scope)):
-            self._send_shed(cycle, *answer)
-            return
+        if shedder is not None and ours:
+            budget = shedder.budget
+            if budget is not None and not self._releasing and self._hold(cycle, app, shedder):
+                return
+            if answer := shedder.shed_now(cycle.scope):
+                self._send_shed(cycle, *answer)
+                self._charge(answer[1], budget)
+                return
         super()._start_asgi_task(cycle, app)
+
+    # The shed budget (service.shed_budget)
+    def _charge(self, headers: list[tuple[bytes, bytes]], budget: ShedBudget | None) -> None:
+        """After a shed written here: remember its Retry-After (a request before then did not
+        wait) and charge the budget the loop CPU since this read began."""
+        retry_after = next((v for k, v in headers if k == b"retry-after"), b"1")
+        self._retry_at = time.monotonic() + float(retry_after)
+        if budget is not None:
+            budget.charge(time.thread_time() - self._cpu_since)
+
+    def _hold(self, cycle: RequestResponseCycle, app: ASGI3Application, shedder: Any) -> bool:
+        """Hold the request, and stop reading its connection, when the budget is spent, this
+        connection's last shed asked it to wait longer, and the request would be shed now.
+        Its deadline runs from now (the request-context middleware keeps `arrived`)."""
+        budget: ShedBudget = shedder.budget
+        if time.monotonic() >= self._retry_at or not budget.exhausted():
+            return False  # a first request, a polite one, or sheds within their share
+        cycle.scope["state"]["arrived"] = time.monotonic()
+        deadline = shedder.deadline_if_shed(cycle.scope)
+        if deadline is None:
+            return False
+        self.flow.pause_reading()  # the kernel's buffers and the client's wait push back
+        budget.hold(functools.partial(self._release, cycle, app), deadline)
+        return True
+
+    def _release(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """The budget lets a held request go: decide it again (admitted if there is room now,
+        else shed and charged) and read its connection again."""
+        if self.transport.is_closing() or cycle.disconnected:
+            metrics.SHED_HELD.labels("gone").inc()
+            return
+        if not self.pipeline:  # (uvicorn keeps a connection with pipelined requests paused)
+            self.flow.resume_reading()
+        self._cpu_since = time.thread_time()
+        self._releasing = True
+        try:
+            self._start_asgi_task(cycle, app)
+        finally:
+            self._releasing = False
+        metrics.SHED_HELD.labels("shed" if cycle.response_complete else "admitted").inc()
 
     def _send_shed(
         self,

@@ -38,6 +38,7 @@ from service import context, metrics
 from service.edge import HEAD_SHEDDER, Answer
 from service.errors import Overloaded, Unavailable, error_content
 from service.runtime import Runtime, arrival
+from service.shed_budget import ShedBudget
 
 # Connections shed lately are remembered until their Retry-After passes; the expired ones are
 # dropped at most this often, so the map holds about the connections of the last seconds.
@@ -59,6 +60,9 @@ class ShedGate:
         # (client (host, port), path, Content-Length) of a shed -> when its Retry-After passes
         self._retry_at: dict[Key, float] = {}
         self._purge_at = 0.0
+        share = runtime.settings.shed_budget_share
+        # What sheds may cost the loop (issue 24); the edge charges and holds (service.edge).
+        self.budget = ShedBudget(share) if share > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" and "state" in scope:
@@ -107,6 +111,17 @@ class ShedGate:
         answer_headers.append((b"x-request-id", request_id.encode()))
         context.record(scope, request_id, status, time.perf_counter() - started)
         return status, answer_headers, body
+
+    def deadline_if_shed(self, scope: Scope) -> float | None:
+        """For the edge's shed budget: the request's deadline (monotonic s) when its head alone
+        would shed it now, else None (the same cases as `shed_now`; nothing is recorded)."""
+        headers = self._sheddable(scope)
+        if headers is None or b"x-forwarded-for" in headers:
+            return None
+        asked = headers.get(b"x-request-timeout")
+        if self.runtime.refusal(scope, asked) is None:
+            return None
+        return arrival(scope) + (self.runtime.timeout(asked) or 0.0)
 
     def _sheddable(self, scope: Scope) -> dict[bytes, bytes] | None:
         """The headers of a request this gate may shed: a `POST` to an inference route,

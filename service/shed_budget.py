@@ -1,0 +1,113 @@
+"""A budget for sheds: the share of the event loop's CPU that answering 503s may take (issue 24).
+
+Each shed is cheap, but thousands a second still take the loop's core, and on a small machine
+that comes out of the model: goodput falls whatever the tarpit (`service.shed`) recognises as a
+retry. The budget bounds what shedding may cost rather than guessing which requests are retries.
+
+The rule
+- A token bucket of loop CPU seconds, refilled at `SHED_BUDGET_SHARE` seconds per second
+  (default 0.1: a tenth of one core) up to `_BURST_S` (20 ms: a burst of a few hundred sheds is
+  answered at once). Every shed the HTTP edge writes is charged what it cost: the loop thread's
+  CPU time (`time.thread_time`) from the read that brought its head to the written answer.
+- While the bucket is empty, a request that would be shed, on a connection whose last answer was
+  a shed whose Retry-After has not yet passed (a client that did not wait), is not answered:
+  its connection stops being read (`pause_reading`; the kernel's socket buffers and the client's
+  own wait push back) and it is held, first in first out.
+- Held requests are released as the bucket refills (or when they have waited `_MAX_HOLD_S`,
+  1 s, or their deadline passes, budget or not): each is decided again with the deadline it has
+  left, admitted if the queue has room by then, else shed (and charged), and its connection is
+  read again.
+- Never held: a connection's first request and any request after a polite wait (so a polite
+  client's first shed, and a proxy's pooled connection at moderate overload, are answered at
+  once: the bucket only runs dry when sheds come faster than `SHED_BUDGET_SHARE` allows); any
+  request that would not be shed; `GET`s (`/livez`, `/readyz`, `/metrics` never wait here).
+  Charges stop at one burst of debt, so that a flood of first requests cannot hold the rest for
+  longer than about one burst's refill.
+
+`SHED_BUDGET_SHARE=0` turns it off (the A/B in `loadtest/workloads/storm.py`). Defaults: the
+share and burst were chosen with that workload (docs/overload.md gives its table); the 1 s cap
+matches the shortest Retry-After a shed carries, which a polite client would have waited anyway.
+
+Metrics: `pipeline_server_shed_cpu_seconds_total` (what sheds cost the loop),
+`pipeline_server_shed_held_total{outcome}` (held requests, by how they ended) and
+`pipeline_server_reads_paused` (connections not read now). A storm shows sheds and held requests
+with a small queue wait; a slow model shows long queue waits with few of either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import NamedTuple
+
+from service import metrics
+
+_BURST_S = 0.02  # loop CPU seconds the bucket holds when full (and the most debt it keeps)
+_MAX_HOLD_S = 1.0  # a held request waits at most this long (or to its deadline), budget or not
+_MIN_TICK_S = 0.002  # the release timer never fires sooner than this after the last one
+
+
+class _Held(NamedTuple):
+    release: Callable[[], None]  # decide the request again and read its connection again
+    latest: float  # monotonic: release by then, whatever the budget
+
+
+class ShedBudget:
+    """The bucket and the held requests of one event loop. `share`: loop CPU seconds per second
+    that sheds may take (> 0). Not thread-safe: the loop's thread only."""
+
+    def __init__(self, share: float, burst_s: float | None = None) -> None:
+        self.share = share
+        self.burst_s = _BURST_S if burst_s is None else burst_s
+        self._tokens = self.burst_s
+        self._refilled_at = time.monotonic()
+        self._held: deque[_Held] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def exhausted(self) -> bool:
+        """True while sheds have spent their share (the bucket is empty)."""
+        return self._refill() <= 0.0
+
+    def charge(self, cpu_s: float) -> None:
+        """A shed was answered at `cpu_s` seconds of loop CPU."""
+        metrics.SHED_CPU_SECONDS.inc(cpu_s)
+        self._tokens = max(self._refill() - cpu_s, -self.burst_s)
+
+    def hold(self, release: Callable[[], None], deadline: float) -> None:
+        """Hold a request: `release()` is called once, in arrival order, when the budget allows,
+        after `_MAX_HOLD_S` or at `deadline` (monotonic s), whichever comes first."""
+        self._held.append(_Held(release, min(deadline, time.monotonic() + _MAX_HOLD_S)))
+        metrics.READS_PAUSED.set(len(self._held))
+        self._schedule()
+
+    @property
+    def holding(self) -> int:
+        """Requests held now (each one connection not read)."""
+        return len(self._held)
+
+    def _refill(self) -> float:
+        now = time.monotonic()
+        self._tokens = min(self.burst_s, self._tokens + (now - self._refilled_at) * self.share)
+        self._refilled_at = now
+        return self._tokens
+
+    def _schedule(self) -> None:
+        if self._timer is not None or not self._held:
+            return
+        now = time.monotonic()
+        refilled = now + max(0.0, -self._refill()) / self.share
+        at = max(min(refilled, self._held[0].latest), now + _MIN_TICK_S)
+        self._timer = asyncio.get_running_loop().call_later(at - now, self._release_due)
+
+    def _release_due(self) -> None:
+        """Release held requests while the bucket has tokens (each shed released charges it)
+        and every one whose wait is over; then wait for the next."""
+        self._timer = None
+        try:
+            while self._held and (self._refill() > 0.0 or self._held[0].latest <= time.monotonic()):
+                self._held.popleft().release()
+        finally:  # a release that raised must not leave the others held for good
+            metrics.READS_PAUSED.set(len(self._held))
+            self._schedule()
