@@ -60,7 +60,7 @@ from service import metrics
 from service.framing import Framer, Step
 from service.refusals import Refusal, answer, record, throttled
 from service.settings import Settings, load_settings
-from service.shed_budget import ShedBudget
+from service.shed_budget import CPU_AT, ShedBudget
 
 log = structlog.get_logger("service.edge")
 
@@ -81,9 +81,8 @@ Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
 class HeadShedder(Protocol):
     budget: ShedBudget | None  # None: sheds are not budgeted (SHED_BUDGET_SHARE=0)
 
-    def deadline_if_shed(self, scope: Scope) -> float | None:
-        """The request's deadline (monotonic s) if its head alone would shed it now, else None;
-        nothing recorded."""
+    def deadline(self, scope: Scope) -> float | None:
+        """The deadline (monotonic s) of a request the shedder may shed, else None."""
 
     def shed_now(self, scope: Scope) -> Answer | None:
         """The whole answer for a request to shed from its head (its metrics and log line
@@ -100,12 +99,20 @@ class _AnswerTransport(asyncio.Transport):
     that uvicorn's close after an answer with `connection: close` goes to `close` (the
     protocol's `_close_after_answer`, which may linger first)."""
 
-    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        close: Callable[[], None],
+        shed: Callable[[bytes | bytearray | memoryview], None],
+    ) -> None:
         super().__init__()
         self._transport = transport
         self._close = close
+        self._shed = shed
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if data[:12] == b"HTTP/1.1 503":  # a response head: a shed answered by the app
+            self._shed(data)
         self._transport.write(data)
 
     def is_closing(self) -> bool:
@@ -163,7 +170,9 @@ class EdgeProtocol(HttpToolsProtocol):
             transport.close()  # no linger: this connection must not hold its descriptor
             return
         super().connection_made(transport)
-        self._answer_transport = _AnswerTransport(transport, self._close_after_answer)
+        self._answer_transport = _AnswerTransport(
+            transport, self._close_after_answer, self._app_shed
+        )
         self._head_began()
 
     def _close_an_idle_one(self) -> bool:
@@ -310,15 +319,26 @@ class EdgeProtocol(HttpToolsProtocol):
         if budget is not None:
             budget.charge(time.thread_time() - self._cpu_since)
 
+    def _app_shed(self, head: bytes | bytearray | memoryview) -> None:
+        """A 503 answered on the app's path (a request the head let through, whose inputs did
+        not fit when counted; a held retry; a pipelined one): charged as the edge's own are,
+        from when the app began (`CPU_AT`), and this connection asked to wait."""
+        self._retry_at = time.monotonic() + 1.0  # the least Retry-After a shed carries
+        shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
+        if shedder is not None and shedder.budget is not None and self.cycle is not None:
+            began = self.cycle.scope["state"].get(CPU_AT, self._cpu_since)
+            shedder.budget.charge(time.thread_time() - began)
+
     def _hold(self, cycle: RequestResponseCycle, app: ASGI3Application, shedder: Any) -> bool:
         """Hold the request, and stop reading its connection, when the budget is spent, this
-        connection's last shed asked it to wait longer, and the request would be shed now.
-        Its deadline runs from now (the request-context middleware keeps `arrived`)."""
+        connection's last shed asked it to wait longer, and the request is one the shedder may
+        shed (a POST for model work: whether the head or the app would shed it, it is decided
+        when released). Its deadline runs from now (the request context keeps `arrived`)."""
         budget: ShedBudget = shedder.budget
         if time.monotonic() >= self._retry_at or not budget.exhausted():
             return False  # a first request, a polite one, or sheds within their share
         cycle.scope["state"]["arrived"] = time.monotonic()
-        deadline = shedder.deadline_if_shed(cycle.scope)
+        deadline = shedder.deadline(cycle.scope)
         if deadline is None:
             return False
         self.flow.pause_reading()  # the kernel's buffers and the client's wait push back

@@ -98,7 +98,8 @@ SHED_CPU_SECONDS = Counter(
 )
 SHED_HELD = Counter(
     _P + "shed_held_total",
-    "Requests held by the shed budget, by how their hold ended: admitted, shed, gone.",
+    "Requests held by the shed budget, by how their hold ended: admitted (passed on to the app), "
+    "shed (at the edge), gone (the client left).",
     ["outcome"],
 )
 READS_PAUSED = Gauge(

@@ -38,7 +38,7 @@ from service import context, metrics
 from service.edge import HEAD_SHEDDER, Answer
 from service.errors import Overloaded, Unavailable, error_content
 from service.runtime import Runtime, arrival
-from service.shed_budget import ShedBudget
+from service.shed_budget import CPU_AT, ShedBudget
 
 # Connections shed lately are remembered until their Retry-After passes; the expired ones are
 # dropped at most this often, so the map holds about the connections of the last seconds.
@@ -68,6 +68,8 @@ class ShedGate:
         if scope["type"] == "lifespan" and "state" in scope:
             # For the edge (`shed_now`): uvicorn hands this state to each connection's protocol.
             scope["state"][HEAD_SHEDDER] = self
+        if scope["type"] == "http":  # what a shed answered on the app's path costs the loop
+            scope["state"][CPU_AT] = time.thread_time()
         if scope["type"] != "http" or scope["state"].pop(_PASSED, False):
             await self.app(scope, receive, send)  # (passed: the edge found no reason to shed)
             return
@@ -112,16 +114,14 @@ class ShedGate:
         context.record(scope, request_id, status, time.perf_counter() - started)
         return status, answer_headers, body
 
-    def deadline_if_shed(self, scope: Scope) -> float | None:
-        """For the edge's shed budget: the request's deadline (monotonic s) when its head alone
-        would shed it now, else None (the same cases as `shed_now`; nothing is recorded)."""
+    def deadline(self, scope: Scope) -> float | None:
+        """For the edge's shed budget: the deadline (monotonic s) of a request this gate may
+        shed (a `POST` to an inference route, authorized, not through a proxy), else None."""
         headers = self._sheddable(scope)
         if headers is None or b"x-forwarded-for" in headers:
             return None
-        asked = headers.get(b"x-request-timeout")
-        if self.runtime.refusal(scope, asked) is None:
-            return None
-        return arrival(scope) + (self.runtime.timeout(asked) or 0.0)
+        timeout = self.runtime.timeout(headers.get(b"x-request-timeout"))
+        return arrival(scope) + (timeout or self.runtime.settings.request_timeout_s)
 
     def _sheddable(self, scope: Scope) -> dict[bytes, bytes] | None:
         """The headers of a request this gate may shed: a `POST` to an inference route,

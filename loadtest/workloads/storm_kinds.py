@@ -6,12 +6,14 @@ connections carry it, closed or open loop; and the probes and metrics watched be
 | ``same`` | 256 wrk connections, resending at once on 503 | one 3-sentence input, always |
 | ``differing`` | the same | one corpus sentence each, never twice in a row |
 | ``differing2`` | the same | two corpus sentences each (a list of two inputs) |
-| ``pooled`` | 8 wrk connections (a proxy's pool), back to back | one sentence each |
+| ``pooled`` | 64 wrk connections (a proxy's pool), back to back | two sentences each |
 | ``open4x`` | open loop (aiohttp), 4x the polite capacity, arrivals/s | one sentence each |
 
-Inputs are word windows of the corpus's sentences outside the Gettysburg Address (the
-``same`` body), 4-40 words (:func:`held_out_texts`). Capacity, the yardstick, is measured
-per body set.
+A proxy's pool is a storm only when its requests hold more inputs than the queue: 64
+connections of two inputs each (128) against ``MAX_QUEUE_SIZE=64``, each connection's next
+request another client's. Inputs are word windows of the corpus's sentences outside the
+Gettysburg Address (the ``same`` body), 4-40 words (:func:`held_out_texts`). Capacity, the
+yardstick, is measured per body set.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("same", "same", 256),
     Kind("differing", "differing", 256),
     Kind("differing2", "differing2", 256),
-    Kind("pooled", "differing", 8),
+    Kind("pooled", "differing2", 64),
     Kind("open4x", "differing", open_factor=4.0),
 )
 BODY_COUNT = 2000
