@@ -6,27 +6,31 @@ retry. The budget bounds what shedding may cost rather than guessing which reque
 
 The rule
 - A token bucket of loop CPU seconds, refilled at `SHED_BUDGET_SHARE` seconds per second
-  (default 0.1: a tenth of one core) up to `_BURST_S` (20 ms: a burst of a few hundred sheds is
-  answered at once). Every shed the HTTP edge writes is charged what it cost: the loop thread's
-  CPU time (`time.thread_time`) from the read that brought its head to the written answer.
-- While the bucket is empty, a request that would be shed, on a connection whose last answer was
-  a shed whose Retry-After has not yet passed (a client that did not wait), is not answered:
-  its connection stops being read (`pause_reading`; the kernel's socket buffers and the client's
+  (default 0.1: a tenth of one core) up to `_BURST_S` (20 ms: a burst of sheds is answered at
+  once). Every 503 is charged what it cost the loop thread (`time.thread_time`): a shed the
+  HTTP edge writes from the read that brought its head, one the app answers (inputs counted
+  past the queue's room, a held retry) from when the app began; at least `_MIN_CHARGE_S`
+  (0.25 ms), since the loop's reads, polls and task switches fall outside what is measured.
+- While the bucket is empty, a `POST` for model work on a connection whose last answer was a
+  503 less than its Retry-After ago (a client that did not wait) is not answered: its
+  connection stops being read (`pause_reading`; the kernel's socket buffers and the client's
   own wait push back) and it is held, first in first out.
 - Held requests are released as the bucket refills (or when they have waited `_MAX_HOLD_S`,
   1 s, or their deadline passes, budget or not): each is decided again with the deadline it has
-  left, admitted if the queue has room by then, else shed (and charged), and its connection is
-  read again.
+  left (shed at the edge, or passed on to the app: admitted if its inputs fit by then, else
+  shed there, and charged), and its connection is read again.
 - Never held: a connection's first request and any request after a polite wait (so a polite
   client's first shed, and a proxy's pooled connection at moderate overload, are answered at
-  once: the bucket only runs dry when sheds come faster than `SHED_BUDGET_SHARE` allows); any
-  request that would not be shed; `GET`s (`/livez`, `/readyz`, `/metrics` never wait here).
+  once: the bucket only runs dry when sheds come faster than `SHED_BUDGET_SHARE` allows);
+  `GET`s (`/livez`, `/readyz`, `/metrics` never wait here).
   Charges stop at one burst of debt, so that a flood of first requests cannot hold the rest for
   longer than about one burst's refill.
 
 `SHED_BUDGET_SHARE=0` turns it off (the A/B in `loadtest/workloads/storm.py`). Defaults: the
-share and burst were chosen with that workload (docs/overload.md gives its table); the 1 s cap
-matches the shortest Retry-After a shed carries, which a polite client would have waited anyway.
+share (0.1) and burst (20 ms) are round figures checked, not tuned, by that workload's A/B
+(docs/overload.md gives its table and command); the minimum charge is the loop's cost per
+request it measured; the 1 s cap on a hold is the shortest Retry-After a shed carries, which a
+polite client would have waited anyway.
 
 Metrics: `pipeline_server_shed_cpu_seconds_total` (what sheds cost the loop),
 `pipeline_server_shed_held_total{outcome}` (held requests, by how they ended) and
