@@ -84,6 +84,7 @@ class ShedGate:
             hold = min(self._early_by(_request_key(scope, headers)), left)
             if hold > 0:  # a retry before its Retry-After: wait (no CPU), then decide again
                 await asyncio.sleep(hold)
+                scope["state"][CPU_AT] = time.thread_time()  # the sleep cost the loop nothing
                 refusal = self.runtime.refusal(scope, asked)
         if refusal is None:
             await self.app(scope, receive, send)

@@ -10,7 +10,8 @@ The rule
   once). Every 503 is charged what it cost the loop thread (`time.thread_time`): a shed the
   HTTP edge writes from the read that brought its head, one the app answers (inputs counted
   past the queue's room, a held retry) from when the app began; at least `_MIN_CHARGE_S`
-  (0.25 ms), since the loop's reads, polls and task switches fall outside what is measured.
+  (0.25 ms), since the loop's reads, polls and task switches fall outside what is measured, and
+  at most `_MAX_CHARGE_S` (2 ms), since other requests' work runs between the app's awaits.
 - While the bucket is empty, a `POST` for model work on a connection whose last answer was a
   503 less than its Retry-After ago (a client that did not wait) is not answered: its
   connection stops being read (`pause_reading`; the kernel's socket buffers and the client's
@@ -55,6 +56,9 @@ _MIN_TICK_S = 0.002  # the release timer never fires sooner than this after the 
 # out the loop's reads, polls and task switches: the storm workload measured about 50 us
 # charged per shed where the loop spent 0.14-0.27 ms per request in all (docs/benchmarks.md).
 _MIN_CHARGE_S = 0.00025
+# The most one is charged: on the app's path the loop runs other requests' work between the
+# measure's two ends (each await), which is not this shed's.
+_MAX_CHARGE_S = 0.002
 CPU_AT = "service.shed_budget.cpu_at"  # a request's state: the loop's CPU clock as the app began
 
 
@@ -81,8 +85,8 @@ class ShedBudget:
 
     def charge(self, cpu_s: float) -> None:
         """A shed was answered at `cpu_s` seconds of loop CPU (charged at least
-        `_MIN_CHARGE_S`)."""
-        cpu_s = max(cpu_s, _MIN_CHARGE_S)
+        `_MIN_CHARGE_S`, at most `_MAX_CHARGE_S`)."""
+        cpu_s = min(max(cpu_s, _MIN_CHARGE_S), _MAX_CHARGE_S)
         metrics.SHED_CPU_SECONDS.inc(cpu_s)
         self._tokens = max(self._refill() - cpu_s, -self.burst_s)
 

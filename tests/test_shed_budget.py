@@ -201,8 +201,8 @@ def test_the_bucket_refills_at_its_share_and_releases_in_order() -> None:
     per second; held requests are released in arrival order once it has tokens again."""
 
     async def scenario() -> tuple[bool, bool, list[int], float]:
-        budget = ShedBudget(share=1.0, burst_s=0.01)
-        budget.charge(0.03)  # debt is capped at one burst: -0.01
+        budget = ShedBudget(share=0.1, burst_s=0.001)
+        budget.charge(0.05)  # charged at most 2 ms; debt is capped at one burst: -1 ms
         spent = budget.exhausted()
         released: list[int] = []
         started = time.monotonic()
@@ -215,4 +215,4 @@ def test_the_bucket_refills_at_its_share_and_releases_in_order() -> None:
     spent, still, released, took = asyncio.run(asyncio.wait_for(scenario(), 5))
     assert spent and not still
     assert released == [0, 1, 2]
-    assert 0.009 < took < 0.5  # the debt (10 ms at 1 s/s) had to refill first
+    assert 0.009 < took < 0.5  # the debt (1 ms at 0.1 s/s) had to refill first

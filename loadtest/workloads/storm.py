@@ -4,7 +4,7 @@
 server runs the default model with ``MAX_QUEUE_SIZE=64 REQUEST_TIMEOUT_S=2``.
 
 Per round and storm kind (``loadtest.workloads.storm_kinds``: the same body, differing bodies
-with one or two inputs, a proxy's 8 pooled connections, an open loop at 4x capacity): capacity,
+with one or two inputs, a proxy's 64 pooled connections, an open loop at 4x capacity): capacity,
 the answers/s of 32 polite clients on the kind's bodies (wrk, closed loop, waiting 200 ms after
 a 503: :func:`capacity`); then the storm for ``--storm-seconds``, with a few polite clients
 beside it (aiohttp, a fresh connection per request, sleeping as Retry-After says after a 503)
@@ -113,12 +113,12 @@ async def storm_with_polite(
     srv: servers.Served,
     kind: Kind,
     bodies: list[bytes],
-    capacity_per_s: float,
+    open_rate: float,
     args: argparse.Namespace,
     names: dict[int, str],
 ) -> dict[str, Any]:
-    """The storm (wrk in a thread, or the open loop) with polite clients and probes beside it;
-    per-thread CPU and the server's counters over it."""
+    """The storm (wrk in a thread, or the open loop at ``open_rate`` arrivals/s) with polite
+    clients and probes beside it; per-thread CPU and the server's counters over it."""
     stop = asyncio.Event()
     answers: list[tuple[int, float]] = []
     probed: list[tuple[str, int, float]] = []
@@ -137,8 +137,7 @@ async def storm_with_polite(
                 storm_kinds.closed_loop, srv, bodies, kind, args.storm_seconds
             )
         else:
-            rate = kind.open_factor * capacity_per_s
-            res = await storm_kinds.open_loop(srv, bodies, rate, args.storm_seconds)
+            res = await storm_kinds.open_loop(srv, bodies, open_rate, args.storm_seconds)
     finally:
         split = window.stop()
         stop.set()
@@ -187,14 +186,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for srv in started.values():  # warm up each: first calls allocate
             wrk.run(srv.base + "/", sets["differing"], 8, 2)
         for rnd in range(1, args.storm_rounds + 1):
+            # The open loop's yardstick: the first config's capacity in this round, so that A
+            # and B get the same arrivals (a disturbed capacity would change B's load).
+            yardstick: dict[str, float] = {}
             for name, srv in started.items():
                 caps: dict[str, dict[str, Any]] = {}  # capacity per body set
                 for kind in kinds:
                     bodies = sets[kind.bodies]
                     if kind.bodies not in caps:
                         caps[kind.bodies] = capacity(srv, bodies, 4 if args.quick else 6)
+                        yardstick.setdefault(kind.bodies, caps[kind.bodies]["ok_per_s"])
                         time.sleep(1)
-                    point = one_round(srv, kind, bodies, caps[kind.bodies], args, names[name])
+                    rate = kind.open_factor * yardstick[kind.bodies]
+                    point = one_round(srv, kind, bodies, caps[kind.bodies], rate, args, names[name])
                     rounds.append({**point, "config": name, "round": rnd, "kind": kind.name})
                     _print(rounds[-1])
     return {"configs": configs, "input": storm_input(), "rounds": rounds}
@@ -205,11 +209,12 @@ def one_round(
     kind: Kind,
     bodies: list[bytes],
     cap: dict[str, Any],
+    open_rate: float,
     args: argparse.Namespace,
     names: dict[int, str],
 ) -> dict[str, Any]:
     """One storm of ``kind`` with polite clients beside it; its goodput over ``cap``'s."""
-    res = client.run(storm_with_polite(srv, kind, bodies, cap["ok_per_s"], args, names))
+    res = client.run(storm_with_polite(srv, kind, bodies, open_rate, args, names))
     time.sleep(3)  # the queue drains (deadline 2 s) before what follows
     res.update(capacity=cap, capacity_per_s=cap["ok_per_s"])
     res["goodput_over_capacity"] = res["ok_per_s"] / max(cap["ok_per_s"], 1e-9)

@@ -7,7 +7,7 @@ connections carry it, closed or open loop; and the probes and metrics watched be
 | ``differing`` | the same | one corpus sentence each, never twice in a row |
 | ``differing2`` | the same | two corpus sentences each (a list of two inputs) |
 | ``pooled`` | 64 wrk connections (a proxy's pool), back to back | two sentences each |
-| ``open4x`` | open loop (aiohttp), 4x the polite capacity, arrivals/s | one sentence each |
+| ``open4x`` | open loop (aiohttp), 4x the polite capacity (config A's) | one sentence each |
 
 A proxy's pool is a storm only when its requests hold more inputs than the queue: 64
 connections of two inputs each (128) against ``MAX_QUEUE_SIZE=64``, each connection's next
@@ -70,7 +70,7 @@ def held_out_texts(first_storm_sentence: str, n: int = BODY_COUNT) -> list[str]:
     start = sents.index(first_storm_sentence)
     words = [s.split() for i, s in enumerate(sents) if not start <= i < start + 3]
     words = [w for w in words if len(w) >= 4]
-    rng, out, seen = random.Random(0), [], set()
+    rng, out, seen = random.Random(0), list[str](), set[str]()
     while len(out) < n:
         sent = rng.choice(words)
         size = rng.randint(4, min(40, len(sent)))
