@@ -20,10 +20,11 @@ ASGI task, middleware or message exists: the app's shed gate leaves itself in th
 state (`HEAD_SHEDDER`) and gives the whole answer (`shed_now`), or None to let the app have the
 request.
 
-The shed budget (`service.shed_budget`, issue 24) bounds what those sheds may cost the loop:
-each written shed is charged its CPU, and while the budget is spent a request to shed, on a
-connection that did not wait for its last Retry-After, is held with its connection not read
-(`_hold`), then decided again when the budget allows (`_release`).
+The shed budget (`service.shed_budget`, issue 24) bounds what sheds may cost the loop: each 503
+(written here, or by the app: `_AnswerTransport` sees its status line) is charged its CPU, and
+while the budget is spent an inference `POST` on a connection that did not wait for its last
+Retry-After is held with its connection not read (`_hold`), then decided again when the
+budget allows (`_release`).
 
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
 once per second per reason (`service.refusals`). A refusal waits for the answers already under
@@ -329,12 +330,15 @@ class EdgeProtocol(HttpToolsProtocol):
             began = self.cycle.scope["state"].get(CPU_AT, self._cpu_since)
             shedder.budget.charge(time.thread_time() - began)
 
-    def _hold(self, cycle: RequestResponseCycle, app: ASGI3Application, shedder: Any) -> bool:
+    def _hold(
+        self, cycle: RequestResponseCycle, app: ASGI3Application, shedder: HeadShedder
+    ) -> bool:
         """Hold the request, and stop reading its connection, when the budget is spent, this
         connection's last shed asked it to wait longer, and the request is one the shedder may
         shed (a POST for model work: whether the head or the app would shed it, it is decided
         when released). Its deadline runs from now (the request context keeps `arrived`)."""
-        budget: ShedBudget = shedder.budget
+        budget = shedder.budget
+        assert budget is not None  # (the caller checked)
         if time.monotonic() >= self._retry_at or not budget.exhausted():
             return False  # a first request, a polite one, or sheds within their share
         cycle.scope["state"]["arrived"] = time.monotonic()
