@@ -69,7 +69,8 @@ class RequestContext:
         started = time.perf_counter()
         rid = request_id(scope["headers"])
         state = scope.setdefault("state", {})
-        state["request_id"], state["arrived"] = rid, time.monotonic()
+        state["request_id"] = rid
+        state.setdefault("arrived", time.monotonic())  # a request held at the edge: its head
         status, started_response = 500, False
 
         async def send_with_id(message: Message) -> None:

@@ -20,6 +20,12 @@ ASGI task, middleware or message exists: the app's shed gate leaves itself in th
 state (`HEAD_SHEDDER`) and gives the whole answer (`shed_now`), or None to let the app have the
 request.
 
+The shed budget (`service.shed_budget`, issue 24) bounds what sheds may cost the loop: each 503
+(written here, or by the app: `_AnswerTransport` sees its status line) is charged its CPU, and
+while the budget is spent an inference `POST` on a connection that did not wait for its last
+Retry-After is held with its connection not read (`_hold`), then decided again when the
+budget allows (`_release`).
+
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
 once per second per reason (`service.refusals`). A refusal waits for the answers already under
 way on its connection (pipelining), then closes it after a short linger (below).
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from asyncio import TimerHandle
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, cast
@@ -50,9 +57,11 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string, get_remote_addr
 from uvicorn.server import ServerState
 
+from service import metrics
 from service.framing import Framer, Step
 from service.refusals import Refusal, answer, record, throttled
 from service.settings import Settings, load_settings
+from service.shed_budget import CPU_AT, ShedBudget
 
 log = structlog.get_logger("service.edge")
 
@@ -71,6 +80,11 @@ Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
 
 
 class HeadShedder(Protocol):
+    budget: ShedBudget | None  # None: sheds are not budgeted (SHED_BUDGET_SHARE=0)
+
+    def deadline(self, scope: Scope) -> float | None:
+        """The deadline (monotonic s) of a request the shedder may shed, else None."""
+
     def shed_now(self, scope: Scope) -> Answer | None:
         """The whole answer for a request to shed from its head (its metrics and log line
         recorded), or None: the app answers it."""
@@ -86,12 +100,20 @@ class _AnswerTransport(asyncio.Transport):
     that uvicorn's close after an answer with `connection: close` goes to `close` (the
     protocol's `_close_after_answer`, which may linger first)."""
 
-    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        close: Callable[[], None],
+        shed: Callable[[bytes | bytearray | memoryview], None],
+    ) -> None:
         super().__init__()
         self._transport = transport
         self._close = close
+        self._shed = shed
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if data[:12] == b"HTTP/1.1 503":  # a response head: a shed answered by the app
+            self._shed(data)
         self._transport.write(data)
 
     def is_closing(self) -> bool:
@@ -135,6 +157,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body = (0, False)  # the current request's Content-Length, chunked
         self._head_ended = self._message_ended = False  # llhttp's view, per fed part
         self._popping = False  # starting a pipelined request (`on_response_complete`)
+        self._releasing = False  # deciding a request the shed budget held (`_release`)
+        self._cpu_since = 0.0  # the loop thread's CPU clock when this read began (the charge)
+        self._retry_at = 0.0  # monotonic: the Retry-After of this connection's last shed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self._max_connections and not self._close_an_idle_one():
@@ -146,7 +171,9 @@ class EdgeProtocol(HttpToolsProtocol):
             transport.close()  # no linger: this connection must not hold its descriptor
             return
         super().connection_made(transport)
-        self._answer_transport = _AnswerTransport(transport, self._close_after_answer)
+        self._answer_transport = _AnswerTransport(
+            transport, self._close_after_answer, self._app_shed
+        )
         self._head_began()
 
     def _close_an_idle_one(self) -> bool:
@@ -166,6 +193,7 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._cpu_since = time.thread_time()  # what a shed answered from this read costs
         if self._linger_left is not None:  # answered and half-closed: drop, within the bound
             self._linger_left -= len(data)
             if self._linger_left < 0:
@@ -273,10 +301,69 @@ class EdgeProtocol(HttpToolsProtocol):
         cycle.transport = self._answer_transport  # its close may linger (`_close_after_answer`)
         shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
         ours = app is self.app and not self._popping and not self.flow.write_paused
-        if shedder is not None and ours and (answer := shedder.shed_now(cycle.scope)):
-            self._send_shed(cycle, *answer)
-            return
+        if shedder is not None and ours:
+            budget = shedder.budget
+            if budget is not None and not self._releasing and self._hold(cycle, app, shedder):
+                return
+            if answer := shedder.shed_now(cycle.scope):
+                self._send_shed(cycle, *answer)
+                self._charge(answer[1], budget)
+                return
         super()._start_asgi_task(cycle, app)
+
+    # The shed budget (service.shed_budget)
+    def _charge(self, headers: list[tuple[bytes, bytes]], budget: ShedBudget | None) -> None:
+        """After a shed written here: remember its Retry-After (a request before then did not
+        wait) and charge the budget the loop CPU since this read began."""
+        retry_after = next((v for k, v in headers if k == b"retry-after"), b"1")
+        self._retry_at = time.monotonic() + float(retry_after)
+        if budget is not None:
+            budget.charge(time.thread_time() - self._cpu_since)
+
+    def _app_shed(self, head: bytes | bytearray | memoryview) -> None:
+        """A 503 answered on the app's path (a request the head let through, whose inputs did
+        not fit when counted; a held retry; a pipelined one): charged as the edge's own are,
+        from when the app began (`CPU_AT`), and this connection asked to wait."""
+        self._retry_at = time.monotonic() + 1.0  # the least Retry-After a shed carries
+        shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
+        if shedder is not None and shedder.budget is not None and self.cycle is not None:
+            began = self.cycle.scope["state"].get(CPU_AT, self._cpu_since)
+            shedder.budget.charge(time.thread_time() - began)
+
+    def _hold(
+        self, cycle: RequestResponseCycle, app: ASGI3Application, shedder: HeadShedder
+    ) -> bool:
+        """Hold the request, and stop reading its connection, when the budget is spent, this
+        connection's last shed asked it to wait longer, and the request is one the shedder may
+        shed (a POST for model work: whether the head or the app would shed it, it is decided
+        when released). Its deadline runs from now (the request context keeps `arrived`)."""
+        budget = shedder.budget
+        assert budget is not None  # (the caller checked)
+        if time.monotonic() >= self._retry_at or not budget.exhausted():
+            return False  # a first request, a polite one, or sheds within their share
+        cycle.scope["state"]["arrived"] = time.monotonic()
+        deadline = shedder.deadline(cycle.scope)
+        if deadline is None:
+            return False
+        self.flow.pause_reading()  # the kernel's buffers and the client's wait push back
+        budget.hold(functools.partial(self._release, cycle, app), deadline)
+        return True
+
+    def _release(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """The budget lets a held request go: decide it again (admitted if there is room now,
+        else shed and charged) and read its connection again."""
+        if self.transport.is_closing() or cycle.disconnected:
+            metrics.SHED_HELD.labels("gone").inc()
+            return
+        if not self.pipeline:  # (uvicorn keeps a connection with pipelined requests paused)
+            self.flow.resume_reading()
+        self._cpu_since = time.thread_time()
+        self._releasing = True
+        try:
+            self._start_asgi_task(cycle, app)
+        finally:
+            self._releasing = False
+        metrics.SHED_HELD.labels("shed" if cycle.response_complete else "admitted").inc()
 
     def _send_shed(
         self,

@@ -90,3 +90,21 @@ REQUESTS_RUNNING = Gauge(
     "Requests with inputs in the batch being computed "
     "(the Gateway API Inference Extension's TotalRunningRequests).",
 )
+
+# The shed budget (service/shed_budget.py, issue 24): what sheds cost, and what it held back.
+SHED_CPU_SECONDS = Counter(
+    _P + "shed_cpu_seconds_total",
+    "Event-loop CPU seconds spent answering sheds at the HTTP edge (the shed budget's charge).",
+)
+SHED_HELD = Counter(
+    _P + "shed_held_total",
+    "Requests held by the shed budget, by how their hold ended: admitted (passed on to the app), "
+    "shed (at the edge), gone (the client left).",
+    ["outcome"],
+)
+READS_PAUSED = Gauge(
+    _P + "reads_paused",
+    "Connections not read now because the shed budget is spent (one held request each).",
+)
+for _outcome in ("admitted", "shed", "gone"):
+    SHED_HELD.labels(_outcome)  # exported from the start, at 0

@@ -38,6 +38,7 @@ from service import context, metrics
 from service.edge import HEAD_SHEDDER, Answer
 from service.errors import Overloaded, Unavailable, error_content
 from service.runtime import Runtime, arrival
+from service.shed_budget import CPU_AT, ShedBudget
 
 # Connections shed lately are remembered until their Retry-After passes; the expired ones are
 # dropped at most this often, so the map holds about the connections of the last seconds.
@@ -59,11 +60,16 @@ class ShedGate:
         # (client (host, port), path, Content-Length) of a shed -> when its Retry-After passes
         self._retry_at: dict[Key, float] = {}
         self._purge_at = 0.0
+        share = runtime.settings.shed_budget_share
+        # What sheds may cost the loop (issue 24); the edge charges and holds (service.edge).
+        self.budget = ShedBudget(share) if share > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" and "state" in scope:
             # For the edge (`shed_now`): uvicorn hands this state to each connection's protocol.
             scope["state"][HEAD_SHEDDER] = self
+        if scope["type"] == "http":  # what a shed answered on the app's path costs the loop
+            scope["state"][CPU_AT] = time.thread_time()
         if scope["type"] != "http" or scope["state"].pop(_PASSED, False):
             await self.app(scope, receive, send)  # (passed: the edge found no reason to shed)
             return
@@ -78,6 +84,7 @@ class ShedGate:
             hold = min(self._early_by(_request_key(scope, headers)), left)
             if hold > 0:  # a retry before its Retry-After: wait (no CPU), then decide again
                 await asyncio.sleep(hold)
+                scope["state"][CPU_AT] = time.thread_time()  # the sleep cost the loop nothing
                 refusal = self.runtime.refusal(scope, asked)
         if refusal is None:
             await self.app(scope, receive, send)
@@ -107,6 +114,15 @@ class ShedGate:
         answer_headers.append((b"x-request-id", request_id.encode()))
         context.record(scope, request_id, status, time.perf_counter() - started)
         return status, answer_headers, body
+
+    def deadline(self, scope: Scope) -> float | None:
+        """For the edge's shed budget: the deadline (monotonic s) of a request this gate may
+        shed (a `POST` to an inference route, authorized, not through a proxy), else None."""
+        headers = self._sheddable(scope)
+        if headers is None or b"x-forwarded-for" in headers:
+            return None
+        timeout = self.runtime.timeout(headers.get(b"x-request-timeout"))
+        return arrival(scope) + (timeout or self.runtime.settings.request_timeout_s)
 
     def _sheddable(self, scope: Scope) -> dict[bytes, bytes] | None:
         """The headers of a request this gate may shed: a `POST` to an inference route,

@@ -1,18 +1,21 @@
-"""A retry storm: clients that resend the moment they are shed. How much goodput is left?
+"""Retry storms and overload: clients that do not wait when shed. How much goodput is left?
 
-``python -m loadtest.bench --only storm`` (about 1.5 minutes; with ``--ab`` about 3). The
-server runs the default model with ``MAX_QUEUE_SIZE=64 REQUEST_TIMEOUT_S=2``; every request
-is one 3-sentence input (:func:`storm_input`, JSON).
+``python -m loadtest.bench --only storm`` (about 3 minutes; with ``--ab`` about 6). The
+server runs the default model with ``MAX_QUEUE_SIZE=64 REQUEST_TIMEOUT_S=2``.
 
-Per round: capacity, the answers/s of 32 polite clients (wrk, closed loop, waiting 200 ms
-after a 503: :func:`capacity`); then the storm, 256 wrk connections for ``--storm-seconds``
-(wrk sends the next request the moment an answer arrives, 503 or not: no Retry-After
-honoured), with a few polite clients beside it (aiohttp, a fresh connection per request,
-sleeping as Retry-After says after a 503).
-Goodput is 200s per second during the storm; target (issue 14): goodput / capacity >= 0.8.
+Per round and storm kind (``loadtest.workloads.storm_kinds``: the same body, differing bodies
+with one or two inputs, a proxy's 64 pooled connections, an open loop at 4x capacity): capacity,
+the answers/s of 32 polite clients on the kind's bodies (wrk, closed loop, waiting 200 ms after
+a 503: :func:`capacity`); then the storm for ``--storm-seconds``, with a few polite clients
+beside it (aiohttp, a fresh connection per request, sleeping as Retry-After says after a 503)
+and probes (/livez, /readyz, /metrics every 100 ms, a fresh connection each). Goodput is 200s
+per second during the storm; target (issues 14, 24): goodput / capacity >= 0.8 in each kind.
+The server's counters before and after say which mechanism acted (sheds, held requests, the
+loop CPU sheds took).
 
 ``--ab KEY=VALUE`` (repeatable) runs two servers, A (the settings above plus ``--env``) and B
 (A plus these), and alternates the rounds A, B, A, B, so a mechanism can be A/B'd in one run.
+``--storm-kinds`` picks kinds (comma list).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,8 @@ import aiohttp
 
 from loadtest import client, corpus, cpu, outcomes, proc, servers, wrk
 from loadtest.stats import latency_summary
-from loadtest.workloads import common
+from loadtest.workloads import common, storm_kinds
+from loadtest.workloads.storm_kinds import KINDS, Kind
 
 NAME = "storm"
 SETTINGS = {"MAX_QUEUE_SIZE": "64", "REQUEST_TIMEOUT_S": "2"}
@@ -46,11 +51,19 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
     )
     p.add_argument("--storm-seconds", type=float, help="storm length (default 20, quick 8)")
     p.add_argument("--storm-rounds", type=int, help="rounds (default 1, with --ab 2)")
-    p.add_argument("--storm-clients", type=int, default=STORM_CLIENTS, help="storm connections")
+    p.add_argument(
+        "--storm-kinds",
+        type=lambda text: text.split(","),
+        default=[k.name for k in KINDS],
+        help=f"storm kinds, comma-separated (default all: {','.join(k.name for k in KINDS)})",
+    )
 
 
 def finish_arguments(args: argparse.Namespace, results: Path) -> None:
-    args.storm_seconds = args.storm_seconds or (8.0 if args.quick else 20.0)
+    args.storm_seconds = args.storm_seconds or (8.0 if args.quick else 15.0)
+    known = {k.name for k in KINDS}
+    if unknown := set(args.storm_kinds) - known:
+        raise SystemExit(f"--storm-kinds: unknown {sorted(unknown)}; known {sorted(known)}")
     args.storm_rounds = args.storm_rounds or (2 if args.ab else 1)
 
 
@@ -61,13 +74,14 @@ def storm_input() -> str:
     return " ".join(sents[start : start + 3])
 
 
-def capacity(srv: servers.Served, body: bytes, seconds: float) -> dict[str, Any]:
+def capacity(srv: servers.Served, body: bytes | list[bytes], seconds: float) -> dict[str, Any]:
     """Answers/s of 32 polite clients (closed loop), and their statuses. Polite: a connection
     shed waits 200 ms before its next request (wrk's ``delay``), as Retry-After asks; without
     it, one shed (deadline-aware admission can shed at 32 clients when the cost estimate runs
     high) starts a resend spin that is a small storm of its own."""
     before = cpu.snapshot()
-    run = wrk.run(srv.base + "/", [body], CAPACITY_CLIENTS, seconds, backoff_ms=200)
+    bodies = body if isinstance(body, list) else [body]
+    run = wrk.run(srv.base + "/", bodies, CAPACITY_CLIENTS, seconds, backoff_ms=200)
     return {**run.summary(), "other_cpu": cpu.foreign_share(before, cpu.snapshot())}
 
 
@@ -96,35 +110,42 @@ async def polite(
 
 
 async def storm_with_polite(
-    srv: servers.Served, body: bytes, args: argparse.Namespace, names: dict[int, str]
+    srv: servers.Served,
+    kind: Kind,
+    bodies: list[bytes],
+    open_rate: float,
+    args: argparse.Namespace,
+    names: dict[int, str],
 ) -> dict[str, Any]:
-    """The storm (wrk, in a thread) with polite clients beside it; per-thread CPU over it."""
+    """The storm (wrk in a thread, or the open loop at ``open_rate`` arrivals/s) with polite
+    clients and probes beside it; per-thread CPU and the server's counters over it."""
     stop = asyncio.Event()
     answers: list[tuple[int, float]] = []
+    probed: list[tuple[str, int, float]] = []
     tasks = [
-        asyncio.create_task(polite(srv.base, body, stop, answers)) for _ in range(POLITE_CLIENTS)
+        asyncio.create_task(polite(srv.base, bodies[0], stop, answers))
+        for _ in range(POLITE_CLIENTS)
     ]
+    tasks.append(asyncio.create_task(storm_kinds.probes(srv.base, stop, probed)))
+    counted = storm_kinds.counters(srv.base)
     window = proc.CpuWindow(srv.worker_pid, names)
     before = cpu.snapshot()
     window.start()
     try:
-        storm = await asyncio.to_thread(
-            wrk.run,
-            srv.base + "/",
-            [body],
-            args.storm_clients,
-            args.storm_seconds,
-            count_statuses=True,
-        )
+        if kind.connections:
+            res = await asyncio.to_thread(
+                storm_kinds.closed_loop, srv, bodies, kind, args.storm_seconds
+            )
+        else:
+            res = await storm_kinds.open_loop(srv, bodies, open_rate, args.storm_seconds)
     finally:
         split = window.stop()
         stop.set()
         await asyncio.gather(*tasks)
-    res = storm.summary()
+    after = storm_kinds.counters(srv.base)
+    res["acted"] = {k: after.get(k, 0.0) - counted.get(k, 0.0) for k in after}
     res["other_cpu"] = cpu.foreign_share(before, cpu.snapshot())
-    res.update(split.summary(storm.requests, storm.ok))
-    res["shed_per_s"] = storm.per_s(503)
-    res["expired_per_s"] = storm.per_s(504)
+    res.update(split.summary(int(res["requests"]), int(res["ok_per_s"] * args.storm_seconds)))
     by_status: dict[int, int] = {}
     for status, _ in answers:
         by_status[status] = by_status.get(status, 0) + 1
@@ -133,12 +154,23 @@ async def storm_with_polite(
         "shed": latency_summary([s for st, s in answers if st == 503]),
         "ok": latency_summary([s for st, s in answers if st == 200]),
     }
+    res["probes"] = storm_kinds.probe_summary(probed)
+    res["alive"] = proc_alive(srv.worker_pid)
     return res
+
+
+def proc_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wrk.executable()
-    body = common.json_body(storm_input())
+    sets = storm_kinds.body_sets(storm_input())
+    kinds = [k for k in KINDS if k.name in args.storm_kinds]
     configs = {"A": common.server_env(args, **SETTINGS)}
     if args.ab:
         configs["B"] = {**configs["A"], **servers.parse_env(args.ab)}
@@ -152,68 +184,85 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         names = {name: common.thread_names(srv) for name, srv in started.items()}
         for srv in started.values():  # warm up each: first calls allocate
-            wrk.run(srv.base + "/", [body], 8, 2)
+            wrk.run(srv.base + "/", sets["differing"], 8, 2)
         for rnd in range(1, args.storm_rounds + 1):
+            # The open loop's yardstick: the first config's capacity in this round, so that A
+            # and B get the same arrivals (a disturbed capacity would change B's load).
+            yardstick: dict[str, float] = {}
             for name, srv in started.items():
-                rounds.append(one_round(srv, body, args, names[name], name, rnd))
+                caps: dict[str, dict[str, Any]] = {}  # capacity per body set
+                for kind in kinds:
+                    bodies = sets[kind.bodies]
+                    if kind.bodies not in caps:
+                        caps[kind.bodies] = capacity(srv, bodies, 4 if args.quick else 6)
+                        yardstick.setdefault(kind.bodies, caps[kind.bodies]["ok_per_s"])
+                        time.sleep(1)
+                    rate = kind.open_factor * yardstick[kind.bodies]
+                    point = one_round(srv, kind, bodies, caps[kind.bodies], rate, args, names[name])
+                    rounds.append({**point, "config": name, "round": rnd, "kind": kind.name})
+                    _print(rounds[-1])
     return {"configs": configs, "input": storm_input(), "rounds": rounds}
 
 
 def one_round(
     srv: servers.Served,
-    body: bytes,
+    kind: Kind,
+    bodies: list[bytes],
+    cap: dict[str, Any],
+    open_rate: float,
     args: argparse.Namespace,
     names: dict[int, str],
-    config: str,
-    rnd: int,
 ) -> dict[str, Any]:
-    """Capacity, then the storm with polite clients beside it; their ratio."""
-    cap = capacity(srv, body, 4 if args.quick else 8)
-    time.sleep(1)
-    res = client.run(storm_with_polite(srv, body, args, names))
+    """One storm of ``kind`` with polite clients beside it; its goodput over ``cap``'s."""
+    res = client.run(storm_with_polite(srv, kind, bodies, open_rate, args, names))
     time.sleep(3)  # the queue drains (deadline 2 s) before what follows
-    res.update(config=config, round=rnd, capacity=cap, capacity_per_s=cap["ok_per_s"])
-    res["goodput_over_capacity"] = res["ok_per_s"] / cap["ok_per_s"]
-    pol = res["polite"]
+    res.update(capacity=cap, capacity_per_s=cap["ok_per_s"])
+    res["goodput_over_capacity"] = res["ok_per_s"] / max(cap["ok_per_s"], 1e-9)
+    return res
+
+
+def _print(res: dict[str, Any]) -> None:
+    pol, probes, acted = res["polite"], res["probes"], res["acted"]
     print(
-        f"  {config} round {rnd}: capacity {cap['ok_per_s']:.1f}/s; storm goodput "
-        f"{res['ok_per_s']:.1f}/s ({res['goodput_over_capacity']:.2f} of capacity), sheds "
-        f"{res['shed_per_s']:.0f}/s, 504s {res['expired_per_s']:.1f}/s; polite clients "
-        f"{pol['statuses']}, shed p50 {common.ms(pol['shed']['p50_ms'])} ms; loop "
-        f"{res['loop_ms_per_request']:.2f} ms/request",
+        f"  {res['config']} round {res['round']} {res['kind']}: capacity "
+        f"{res['capacity_per_s']:.1f}/s; goodput {res['ok_per_s']:.1f}/s "
+        f"({res['goodput_over_capacity']:.2f}), sheds {res['shed_per_s']:.0f}/s, "
+        f"504s {res['expired_per_s']:.1f}/s; polite {pol['statuses']}, shed p50/p95 "
+        f"{common.ms(pol['shed']['p50_ms'])}/{common.ms(pol['shed']['p95_ms'])} ms; probes "
+        f"{probes['sent']} ({probes['failed']} failed, max {common.ms(probes['max_ms'])} ms); "
+        f"held {acted.get('held', 0):.0f}, shed CPU {acted.get('shed_cpu_s', 0):.2f} s",
         flush=True,
     )
-    return res
 
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        f"Storm: {result['args'].get('storm_clients')} wrk connections resending at once on 503, "
-        f"{result['args'].get('storm_seconds')} s; one 3-sentence input; capacity = 32 polite "
-        "clients. Settings: "
+        f"Storms of {result['args'].get('storm_seconds')} s each (loadtest/workloads/"
+        "storm_kinds.py); capacity = 32 polite clients on the same bodies. Settings: "
         + "; ".join(
             f"{k}: {' '.join(f'{a}={b}' for a, b in v.items())}"
             for k, v in result["configs"].items()
         ),
         "",
-        "| config | round | capacity/s | goodput/s | goodput / capacity | sheds/s | 504/s "
-        "| storm p50 ms | loop ms/req | loop cores | polite: statuses | polite shed p50 / p95 ms "
-        "| polite 200 p50 / p95 ms | capacity: sheds | other CPU (capacity, storm) |",
+        "| kind | config | round | capacity/s | goodput/s | goodput / capacity | sheds/s | 504/s "
+        "| polite: statuses | polite shed p50 / p95 ms | probes sent, failed, max ms "
+        "| held | shed CPU s | loop cores | other CPU |",
         "|" + " --- |" * 15,
     ]
-    for r in result["rounds"]:
-        pol = r["polite"]
+    for r in sorted(result["rounds"], key=lambda r: (r.get("kind", ""), r["round"], r["config"])):
+        pol, probes, acted = r["polite"], r.get("probes", {}), r.get("acted", {})
         lines.append(
-            f"| {r['config']} | {r['round']} | {r['capacity_per_s']:.1f} | {r['ok_per_s']:.1f} | "
+            f"| {r.get('kind', 'same')} | {r['config']} | {r['round']} | "
+            f"{r['capacity_per_s']:.1f} | {r['ok_per_s']:.1f} | "
             f"{r['goodput_over_capacity']:.2f} | {r['shed_per_s']:.0f} | "
-            f"{r['expired_per_s']:.1f} | {common.ms(r['p50_ms'])} | "
-            f"{r['loop_ms_per_request']:.3f} | {r.get('loop_cores', 0):.2f} | {pol['statuses']} | "
+            f"{r['expired_per_s']:.1f} | {pol['statuses']} | "
             f"{common.ms(pol['shed']['p50_ms'])} / {common.ms(pol['shed']['p95_ms'])} | "
-            f"{common.ms(pol['ok']['p50_ms'])} / {common.ms(pol['ok']['p95_ms'])} | "
-            f"{_sheds(r['capacity'])} | {r['capacity'].get('other_cpu', 0):.0%}, "
+            f"{probes.get('sent', 0)}, {probes.get('failed', 0)}, "
+            f"{common.ms(probes.get('max_ms'))} | {acted.get('held', 0):.0f} | "
+            f"{acted.get('shed_cpu_s', 0):.2f} | {r.get('loop_cores', 0):.2f} | "
             f"{r.get('other_cpu', 0):.0%} |"
         )
-    lines += ["", f"Target (issue 14): goodput / capacity >= {GOODPUT_TARGET}."]
+    lines += ["", f"Target (issues 14, 24): goodput / capacity >= {GOODPUT_TARGET} in each kind."]
     return "\n".join(lines)
 
 

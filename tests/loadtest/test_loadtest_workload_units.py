@@ -24,6 +24,7 @@ from loadtest.workloads import (
     memory,
     short_inputs,
     storm,
+    storm_kinds,
     zero_shot,
 )
 
@@ -254,23 +255,47 @@ def test_burst_and_storm_tables() -> None:
     rnd = _point(
         config="A",
         round=1,
+        kind="differing",
         capacity_per_s=50.0,
         goodput_over_capacity=0.1,
         shed_per_s=900.0,
         expired_per_s=2.0,
         loop_cores=0.4,
         polite={"statuses": {503: 3}, "shed": lat, "ok": lat},
+        probes={"sent": 40, "failed": 0, "max_ms": 7.25},
+        acted={"held": 120.0, "shed_cpu_s": 1.5},
         capacity={"statuses": {"503": 4, "200": 90}, "other_cpu": 0.05},
     )
     text = storm.table(
         {
-            "args": {"storm_clients": "256", "storm_seconds": "20"},
+            "args": {"storm_seconds": "20"},
             "configs": {"A": {"Q": "1"}},
             "rounds": [rnd],
         }
     )
-    assert "| A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 |" in text
-    assert text.splitlines()[4].endswith("| 4 | 5%, 1% |")
+    assert (
+        "| differing | A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 | {503: 3} | 5.0 / 9.0 "
+        "| 40, 0, 7.2 | 120 | 1.50 | 0.40 | 1% |" in text
+    )
+
+
+def test_storm_body_sets_differ_and_leave_out_the_same_body() -> None:
+    sets = storm_kinds.body_sets(storm.storm_input())
+    assert sets["same"] == [json.dumps({"inputs": storm.storm_input()}).encode()]
+    one = [json.loads(b)["inputs"] for b in sets["differing"]]
+    two = [json.loads(b)["inputs"] for b in sets["differing2"]]
+    assert len(set(one)) == len(one) == storm_kinds.BODY_COUNT
+    assert all(isinstance(t, str) and 4 <= len(t.split()) <= 40 for t in one)
+    assert all(len(pair) == 2 and pair[0] != pair[1] for pair in two)
+    assert len({len(b) for b in sets["differing"]}) > 100  # lengths vary
+    assert not any(t.startswith("Four score") for t in one)
+    assert all(b"\n" not in b for b in sets["differing"] + sets["differing2"])  # wrk's lines
+
+
+def test_storm_probe_summary_counts_failures() -> None:
+    probed = [("/livez", 200, 0.002), ("/readyz", 0, 2.0), ("/metrics", 200, 0.01)]
+    got = storm_kinds.probe_summary(probed)
+    assert got["sent"] == 3 and got["failed"] == 1 and got["max_ms"] == pytest.approx(10.0)
 
 
 def test_bench_models_are_built_once_and_load_as_the_server_would(tmp_path: Path) -> None:

@@ -30,11 +30,14 @@ def test_burst_sheds_and_probes(tmp_path: Path) -> None:
 
 
 def test_storm_counts_goodput_and_sheds(tmp_path: Path) -> None:
-    res = storm.run(_args(tmp_path, "--only", "storm", "--storm-seconds", "2"))
-    (rnd,) = res["rounds"]
-    assert rnd["capacity_per_s"] > 0 and rnd["shed_per_s"] > 0
-    assert rnd["statuses"] and set(rnd["polite"]["statuses"]) <= {200, 503, 504}
-    assert "loop_ms_per_request" in rnd
+    extra = ["--storm-seconds", "2", "--storm-kinds", "differing,open4x"]
+    res = storm.run(_args(tmp_path, "--only", "storm", *extra))
+    assert [r["kind"] for r in res["rounds"]] == ["differing", "open4x"]
+    for rnd in res["rounds"]:
+        assert rnd["capacity_per_s"] > 0 and rnd["shed_per_s"] > 0 and rnd["alive"]
+        assert rnd["statuses"] and set(rnd["polite"]["statuses"]) <= {200, 503, 504}
+        assert rnd["probes"]["sent"] > 5 and rnd["probes"]["failed"] == 0
+        assert rnd["acted"]["sheds"] > 0 and "loop_ms_per_request" in rnd
 
 
 def test_memory_samples_rss(tmp_path: Path) -> None:

@@ -1,0 +1,218 @@
+"""The shed budget (issue 24): sheds may take a bounded share of the loop's CPU; past it, a
+connection that resends without waiting is not read until the budget allows, then its request
+is decided again. A first request, a polite one, a pooled connection at moderate overload and
+the probes are answered at once.
+
+In-process server (uvicorn with the HTTP edge, a tiny classifier) whose batches are held by a
+gate, so the queue stays full as long as a test needs; raw keep-alive connections on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
+
+from service import shed_budget
+from service.settings import Settings
+from service.shed_budget import ShedBudget
+
+QUEUE = 4
+HOLD_S = 0.6  # the most a held request waits in these tests (`_MAX_HOLD_S`, patched)
+
+Full = Callable[..., AbstractContextManager[tuple[Served, Recorder]]]
+Answer = tuple[int, float]  # status, seconds to the answer
+
+
+@pytest.fixture
+def full(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Full:
+    """`with full(burst_s=..., **settings) as (served, recorder)`: a server whose batches are
+    held and whose queue `_fill` fills; the budget's burst and longest hold patched small."""
+
+    @contextmanager
+    def make(burst_s: float = 0.0, **kw: Any) -> Iterator[tuple[Served, Recorder]]:
+        monkeypatch.setattr(shed_budget, "_BURST_S", burst_s)
+        monkeypatch.setattr(shed_budget, "_MAX_HOLD_S", HOLD_S)
+        settings = Settings(
+            model_id=str(tiny_models["text-classification"]),
+            torch_num_threads=1,
+            max_batch_size=1,
+            max_queue_size=QUEUE,
+            max_client_batch_size=QUEUE,
+            shed_tarpit=False,  # the budget alone decides what is held here
+            **kw,
+        )
+        recorder = Recorder()
+        with serve(settings, recorder) as served:
+            recorder.gate.clear()
+            yield served, recorder
+            recorder.gate.set()
+
+    return make
+
+
+async def _fill(url: str) -> list[asyncio.Task[Any]]:
+    """One request whose batch is held, and QUEUE inputs queued behind it (keep the tasks)."""
+    held = asyncio.create_task(_exchange(url, http_post("held")))
+    await asyncio.sleep(0.3)
+    body = json.dumps({"inputs": [f"queued {i}" for i in range(QUEUE)]})
+    queued = asyncio.create_task(_exchange(url, http_post(body, "application/json")))
+    await asyncio.sleep(0.3)
+    return [held, queued]
+
+
+async def _exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await raw_request(url, request)
+    try:
+        return await read_answer(reader)
+    finally:
+        writer.close()
+
+
+async def _timed(reader: asyncio.StreamReader) -> Answer:
+    started = time.monotonic()
+    status, _, _ = await read_answer(reader)
+    return status, time.monotonic() - started
+
+
+async def _storm_connection(url: str, texts: list[str], wait_s: float = 0.0) -> list[Answer]:
+    """Requests on one keep-alive connection, each sent `wait_s` after the last answer (0: at
+    once, as a storm client or a busy proxy's pooled connection), differing bodies."""
+    reader, writer = await raw_request(url, http_post(texts[0]))
+    answers = [await _timed(reader)]
+    for text in texts[1:]:
+        await asyncio.sleep(wait_s)
+        writer.write(http_post(text))
+        await writer.drain()
+        answers.append(await _timed(reader))
+    writer.close()
+    return answers
+
+
+def _probe(url: str) -> dict[str, float]:
+    """Seconds each probe took (all must answer 200)."""
+    took = {}
+    for path in ("/livez", "/readyz", "/metrics"):
+        started = time.monotonic()
+        assert httpx.get(url + path, timeout=5).status_code == 200, path
+        took[path] = time.monotonic() - started
+    return took
+
+
+def test_a_spent_budget_holds_an_impatient_connection_then_reads_it_again(full: Full) -> None:
+    """Budget spent by the first shed (no burst): the connection's next request, sent at once,
+    is not answered while held (its connection not read, `reads_paused` 1), and is shed when
+    its hold ends; the connection is read again: a request after a polite wait (Retry-After,
+    1 s) is answered at once. Meanwhile a fresh connection's first request and the probes are
+    answered at once."""
+
+    async def scenario(url: str) -> tuple[list[Answer], Answer, dict[str, float], float]:
+        _filled = await _fill(url)
+        storm = asyncio.create_task(_storm_connection(url, ["one", "another", "a third"]))
+        await asyncio.sleep(0.2)  # the second request is held now
+        paused = await asyncio.to_thread(sample, "pipeline_server_reads_paused")
+        probes = await asyncio.to_thread(_probe, url)
+        started = time.monotonic()
+        fresh, _, _ = await _exchange(url, http_post("a polite client's first"))
+        fresh_answer = (fresh, time.monotonic() - started)
+        first_two = await storm
+        polite = await _storm_connection(url, ["x", "yy"], wait_s=1.05)
+        return [*first_two, *polite], fresh_answer, probes, paused
+
+    with full(shed_budget_share=0.001) as (served, recorder):
+        held_before = sample("pipeline_server_shed_held_total", outcome="shed")
+        cpu_before = sample("pipeline_server_shed_cpu_seconds_total")
+        answers, fresh, probes, paused = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        (s1, t1), (s2, t2), (s3, t3), (s4, t4), (s5, t5) = answers
+        assert s1 == 503 and t1 < 0.3  # a first request: at once
+        assert s2 == 503 and HOLD_S - 0.1 < t2 < HOLD_S + 0.6, t2  # held, then shed
+        assert s3 == 503 and HOLD_S - 0.1 < t3 < HOLD_S + 0.6, t3  # still impatient: held
+        assert paused == 1
+        assert fresh[0] == 503 and fresh[1] < 0.3, fresh  # another client: at once
+        assert all(t < 0.3 for t in probes.values()), probes
+        assert (s4, s5) == (503, 503) and t4 < 0.3 and t5 < 0.3  # polite: never held
+        assert sample("pipeline_server_shed_held_total", outcome="shed") - held_before == 2
+        assert sample("pipeline_server_shed_cpu_seconds_total") > cpu_before
+        assert sample("pipeline_server_reads_paused") == 0
+        assert not {"one", "another", "a third"} & set(recorder.ran)
+
+
+def test_a_held_request_is_admitted_when_room_frees_meanwhile(full: Full) -> None:
+    """Released, a held request is decided again with the deadline it has left: the model ran
+    meanwhile, so it is admitted and answered 200 on its connection."""
+
+    async def scenario(url: str, recorder: Recorder) -> list[Answer]:
+        _filled = await _fill(url)
+        storm = asyncio.create_task(_storm_connection(url, ["first", "second"]))
+        await asyncio.sleep(0.2)  # "second" is held now
+        recorder.gate.set()  # the model runs again: the queue drains
+        return await storm
+
+    with full(shed_budget_share=0.001) as (served, recorder):
+        before = sample("pipeline_server_shed_held_total", outcome="admitted")
+        first, second = asyncio.run(asyncio.wait_for(scenario(served.url, recorder), 30))
+        assert first[0] == 503 and second[0] == 200
+        assert "second" in recorder.ran
+        assert sample("pipeline_server_shed_held_total", outcome="admitted") - before == 1
+
+
+def test_a_pooled_connection_at_moderate_overload_is_never_held(full: Full) -> None:
+    """A proxy's pooled connection sends its clients' requests back to back (never waiting
+    for Retry-After): 30 sheds at about 50 a second cost far less than the default share, so
+    each is answered at once and nothing is held."""
+
+    async def scenario(url: str) -> list[Answer]:
+        _filled = await _fill(url)
+        return await _storm_connection(url, [f"client {i}" * (1 + i % 3) for i in range(30)], 0.02)
+
+    with full(burst_s=0.02) as (served, _):  # the default share and burst
+        before = sum(
+            sample("pipeline_server_shed_held_total", outcome=o) for o in ("shed", "admitted")
+        )
+        answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        assert {s for s, _ in answers} == {503}
+        assert max(t for _, t in answers) < 0.3, answers
+        after = sum(
+            sample("pipeline_server_shed_held_total", outcome=o) for o in ("shed", "admitted")
+        )
+        assert after == before
+
+
+def test_the_budget_off_holds_nothing(full: Full) -> None:
+    async def scenario(url: str) -> list[Answer]:
+        _filled = await _fill(url)
+        return await _storm_connection(url, ["one", "two", "three"])
+
+    with full(shed_budget_share=0) as (served, _):
+        answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        assert [s for s, _ in answers] == [503] * 3 and max(t for _, t in answers) < 0.3
+
+
+def test_the_bucket_refills_at_its_share_and_releases_in_order() -> None:
+    """Without HTTP: spent by a charge past the burst, the bucket refills at `share` seconds
+    per second; held requests are released in arrival order once it has tokens again."""
+
+    async def scenario() -> tuple[bool, bool, list[int], float]:
+        budget = ShedBudget(share=0.1, burst_s=0.001)
+        budget.charge(0.05)  # charged at most 2 ms; debt is capped at one burst: -1 ms
+        spent = budget.exhausted()
+        released: list[int] = []
+        started = time.monotonic()
+        for i in range(3):
+            budget.hold(lambda i=i: released.append(i), time.monotonic() + 5)
+        while len(released) < 3:
+            await asyncio.sleep(0.005)
+        return spent, budget.exhausted(), released, time.monotonic() - started
+
+    spent, still, released, took = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert spent and not still
+    assert released == [0, 1, 2]
+    assert 0.009 < took < 0.5  # the debt (1 ms at 0.1 s/s) had to refill first
