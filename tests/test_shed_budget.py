@@ -26,7 +26,9 @@ from service.settings import Settings
 from service.shed_budget import ShedBudget
 
 QUEUE = 4
-HOLD_S = 0.6  # the most a held request waits in these tests (`_MAX_HOLD_S`, patched)
+HOLD_S = 1.5  # the most a held request waits in these tests (`_MAX_HOLD_S`, patched)
+# An answer not held comes well before a hold ends: under half of it, a margin for a busy CI.
+AT_ONCE = HOLD_S / 2
 
 Full = Callable[..., AbstractContextManager[tuple[Served, Recorder]]]
 Answer = tuple[int, float]  # status, seconds to the answer
@@ -132,13 +134,13 @@ def test_a_spent_budget_holds_an_impatient_connection_then_reads_it_again(full: 
         cpu_before = sample("pipeline_server_shed_cpu_seconds_total")
         answers, fresh, probes, paused = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
         (s1, t1), (s2, t2), (s3, t3), (s4, t4), (s5, t5) = answers
-        assert s1 == 503 and t1 < 0.3  # a first request: at once
-        assert s2 == 503 and HOLD_S - 0.1 < t2 < HOLD_S + 0.6, t2  # held, then shed
-        assert s3 == 503 and HOLD_S - 0.1 < t3 < HOLD_S + 0.6, t3  # still impatient: held
+        assert s1 == 503 and t1 < AT_ONCE  # a first request: at once
+        assert s2 == 503 and HOLD_S - 0.1 < t2 < HOLD_S + 1.0, t2  # held, then shed
+        assert s3 == 503 and HOLD_S - 0.1 < t3 < HOLD_S + 1.0, t3  # still impatient: held
         assert paused == 1
-        assert fresh[0] == 503 and fresh[1] < 0.3, fresh  # another client: at once
-        assert all(t < 0.3 for t in probes.values()), probes
-        assert (s4, s5) == (503, 503) and t4 < 0.3 and t5 < 0.3  # polite: never held
+        assert fresh[0] == 503 and fresh[1] < AT_ONCE, fresh  # another client: at once
+        assert all(t < AT_ONCE for t in probes.values()), probes
+        assert (s4, s5) == (503, 503) and t4 < AT_ONCE and t5 < AT_ONCE  # polite: never held
         assert sample("pipeline_server_shed_held_total", outcome="shed") - held_before == 2
         assert sample("pipeline_server_shed_cpu_seconds_total") > cpu_before
         assert sample("pipeline_server_reads_paused") == 0
@@ -179,7 +181,7 @@ def test_a_pooled_connection_at_moderate_overload_is_never_held(full: Full) -> N
         )
         answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
         assert {s for s, _ in answers} == {503}
-        assert max(t for _, t in answers) < 0.3, answers
+        assert max(t for _, t in answers) < AT_ONCE, answers
         after = sum(
             sample("pipeline_server_shed_held_total", outcome=o) for o in ("shed", "admitted")
         )
@@ -193,7 +195,7 @@ def test_the_budget_off_holds_nothing(full: Full) -> None:
 
     with full(shed_budget_share=0) as (served, _):
         answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
-        assert [s for s, _ in answers] == [503] * 3 and max(t for _, t in answers) < 0.3
+        assert [s for s, _ in answers] == [503] * 3 and max(t for _, t in answers) < AT_ONCE
 
 
 def test_the_bucket_refills_at_its_share_and_releases_in_order() -> None:
