@@ -32,7 +32,7 @@ SIZES = (32, 8, 1)
 
 def embed_all(engine: Any, texts: list[str], size: int = 32) -> np.ndarray:
     """Every text's sentence embedding, in order (length-sorted batches of `size`)."""
-    from service.jobs import Op, Unit
+    from service.engine.jobs import Op, Unit
 
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     out: list[Any] = [None] * len(texts)
@@ -47,7 +47,7 @@ def embed_all(engine: Any, texts: list[str], size: int = 32) -> np.ndarray:
 def throughput(engine: Any, texts: list[str], size: int, budget_s: float) -> float:
     """Inputs/s of prepare + run on length-sorted batches of `size`, spread over the lengths,
     until `budget_s` has passed (after one untimed batch)."""
-    from service.jobs import Op, Unit
+    from service.engine.jobs import Op, Unit
 
     ordered = sorted(texts, key=len)
     batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
@@ -76,7 +76,7 @@ def neighbours_kept(reference: np.ndarray, other: np.ndarray, k: int = 10) -> fl
 
 
 def measure(n: int, budget_s: float) -> list[dict[str, Any]]:
-    from service.loading import load_engine
+    from service.engine.loading import load_engine
     from service.settings import Settings
 
     texts = short_inputs(n)

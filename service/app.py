@@ -1,4 +1,4 @@
-"""create_app(): routes, the middleware (`service.context`, `service.shed`), the one error
+"""create_app(): routes, the middleware (`service.http.context`, `service.http.shed`), the one error
 table, the lifespan."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service import metrics
-from service.batcher import Batcher
-from service.context import RequestContext
+from service.engine.batcher import Batcher
+from service.engine.loading import load_engine
 from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
-from service.loading import load_engine
+from service.http.context import RequestContext
+from service.http.shed import ShedGate
 from service.log import configure_logging
+from service.protocols.routes import INFERENCE_PATHS, ROUTES
 from service.protocols.serving import json_response
-from service.routes import INFERENCE_PATHS, ROUTES
-from service.runtime import Runtime
+from service.runtime.runtime import Runtime
 from service.settings import Settings, load_settings
-from service.shed import ShedGate
 
 
 def _error_body(request: Request, exc: ServiceError) -> Response:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import sys
 
-from service.loading import preflight
+from service.engine.loading import preflight
 from service.settings import SettingsError, load_settings
 
 
 def main() -> None:
     """`pipeline-server`: serve; `pipeline-server export`: write the model folder's own ONNX
-    graph (`service.backends.bake`), e.g. in an image's model stage."""
+    graph (`service.bake`), e.g. in an image's model stage."""
     try:
         settings = load_settings()  # fail here, in one line, before gunicorn starts
         preflight(settings)
@@ -22,7 +22,7 @@ def main() -> None:
         print(f"pipeline-server: {exc}", file=sys.stderr)
         sys.exit(2)
     if sys.argv[1:] == ["export"]:
-        from service.backends import bake
+        from service import bake
 
         try:
             bake.main(settings)

@@ -23,7 +23,7 @@ bind = [
     else f"{_settings.host}:{_settings.port}"
 ]
 workers = 1
-worker_class = "service.worker.Worker"  # uvicorn with the HTTP edge (service/edge.py)
+worker_class = "service.worker.Worker"  # uvicorn with the HTTP edge (service/http/edge.py)
 # The event loop never blocks on the model (it loads and runs in the inference thread), so
 # gunicorn's default heartbeat timeout holds even for loads far longer than it.
 timeout = 30

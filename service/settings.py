@@ -13,7 +13,14 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.params import SUPPORTED_TASKS, TASK_ALIASES
+SUPPORTED_TASKS = (
+    "feature-extraction",
+    "fill-mask",
+    "text-classification",
+    "token-classification",
+    "zero-shot-classification",
+)
+TASK_ALIASES = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
 
 
 def default_log_format() -> Literal["json", "console"]:
@@ -61,7 +68,7 @@ class Settings(BaseSettings):
     # Sentence-embedding pooling: unset = the model's sentence-transformers config (none: token
     # rows); a mode = pool every model's token rows so (overrides the config's modes); none =
     # token rows even for a sentence-transformers model; splade = a *ForMaskedLM model's
-    # logits pooled into sparse embeddings (service.sparse).
+    # logits pooled into sparse embeddings (service.engine.sparse).
     pooling: (
         Literal["cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "none"]
         | Literal["splade"]
@@ -71,7 +78,7 @@ class Settings(BaseSettings):
     liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)
     api_key: str | None = None
-    # Hold a connection that retries before its Retry-After until then (service.shed).
+    # Hold a connection that retries before its Retry-After until then (service.http.shed).
     shed_tarpit: bool = True
     # Nice value of the inference thread and torch's threads (0-19): the model yields the CPU
     # to the event loop whenever the loop has work (answers, probes, sheds; README, Overload).
@@ -86,7 +93,7 @@ class Settings(BaseSettings):
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
     model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
-    # The HTTP edge (service/edge.py, issue 14): limits applied before the app sees a request.
+    # The HTTP edge (service/http/edge.py, issue 14): limits applied before the app sees a request.
     # The request line, header lines and the final CRLF CRLF, in bytes (431 above it); Go's
     # default is 1 MiB, the ceiling here.
     max_request_head_bytes: int = Field(64 * 1024, ge=1024, le=1024 * 1024)
@@ -95,7 +102,7 @@ class Settings(BaseSettings):
     # Open connections; one more is answered 503 and closed. Below the 1024 descriptors a
     # container gets by default (soft limit), leaving room for the process's own.
     max_connections: int = Field(900, ge=1)
-    # The shed budget (service/shed_budget.py, issue 24): the share of one core that answering
+    # The shed budget (service/http/shed_budget.py, issue 24): the share of one core that answering
     # sheds may take; past it, connections that resend at once are not read for a while. 0: off.
     shed_budget_share: float = Field(0.1, ge=0, le=1, allow_inf_nan=False)
 

@@ -3,7 +3,7 @@
 uvicorn's httptools protocol enforces no bound on the request head and no deadline on it, and
 gunicorn's `limit_request_*` settings do not reach uvicorn workers: one client sending a 200 MB
 header kept the event loop parsing until gunicorn killed the worker for missing its heartbeat.
-`service.edge.EdgeProtocol` keeps httptools (half h11's CPU per request) and adds the limits
+`service.http.edge.EdgeProtocol` keeps httptools (half h11's CPU per request) and adds the limits
 (MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_S, MAX_CONNECTIONS).
 
 A clean stop (SIGTERM, or Ctrl+C) logs nothing alarming: see `Worker.run` and
@@ -28,7 +28,7 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker ships no type hints
     CONFIG_KWARGS: ClassVar[dict[str, Any]] = {
         "loop": "auto",
-        "http": "service.edge:EdgeProtocol",
+        "http": "service.http.edge:EdgeProtocol",
     }
     sockets: list[Any]  # gunicorn's listeners (set by its Worker.__init__)
 

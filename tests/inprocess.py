@@ -1,8 +1,8 @@
 """In-process helpers for the overload, deadline and disconnect tests.
 
-`Recorder` wraps `service.loading.load_engine` so a test sees which texts reached the pipeline
-(`Engine.run`) and can make batches slow or stuck. `serve()` runs the app under a real uvicorn
-server in a thread on 127.0.0.1, so a client can really disconnect (TestClient cannot).
+`Recorder` wraps `service.engine.loading.load_engine` so a test sees which texts reached the
+pipeline (`Engine.run`) and can make batches slow or stuck. `serve()` runs the app under a real
+uvicorn server in a thread on 127.0.0.1, so a client can really disconnect (TestClient cannot).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 
 from service.app import create_app
-from service.edge import EdgeProtocol
-from service.jobs import Unit
-from service.loading import load_engine
-from service.model import Engine
+from service.engine.jobs import Unit
+from service.engine.loading import load_engine
+from service.engine.model import Engine
+from service.http.edge import EdgeProtocol
 from service.settings import Settings
 
 

@@ -18,9 +18,9 @@ from helpers import captured_logs
 
 from service.backends import export, select
 from service.backends.select import native_bf16
-from service.jobs import Op, Unit
-from service.loading import load_engine
-from service.model import Engine
+from service.engine.jobs import Op, Unit
+from service.engine.loading import load_engine
+from service.engine.model import Engine
 from service.settings import Settings
 
 TEXTS = [

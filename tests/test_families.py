@@ -30,9 +30,9 @@ from sentence_transformers import SentenceTransformer, SparseEncoder
 from sentence_transformers.util import quantize_embeddings
 from starlette.testclient import TestClient
 
-from service import pooling
-from service.families import NonFiniteOutput
-from service.loading import default_model_dir, infer_task, load_engine, preflight
+from service.engine import pooling
+from service.engine.families import NonFiniteOutput
+from service.engine.loading import default_model_dir, infer_task, load_engine, preflight
 from service.settings import Settings
 
 TOL = 1e-4

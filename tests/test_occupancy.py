@@ -1,5 +1,5 @@
-"""Requests waiting and running (the inference gateway's gauges, `service.occupancy`), compared
-with what the batcher is doing: each batch is held while the test reads the gauges."""
+"""Requests waiting and running (the inference gateway's gauges, `service.engine.occupancy`),
+compared with what the batcher is doing: each batch is held while the test reads the gauges."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from inprocess import Recorder, serve
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.batcher import Batcher, State
+from service.engine.batcher import Batcher, State
+from service.engine.jobs import Op, Unit
+from service.engine.loading import load_engine
+from service.engine.model import Engine, Prepared
+from service.engine.work_queue import Item
 from service.errors import DeadlineExceeded, Overloaded
-from service.jobs import Op, Unit
-from service.loading import load_engine
-from service.model import Engine, Prepared
 from service.settings import Settings
-from service.work_queue import Item
 
 WAITING, RUNNING = "pipeline_server_requests_waiting", "pipeline_server_requests_running"
 

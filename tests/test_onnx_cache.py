@@ -17,7 +17,7 @@ from models import TEXT_LABELS, build
 
 from service.backends import select
 from service.backends.export import OPSET, cache_key, cache_root
-from service.loading import load_engine
+from service.engine.loading import load_engine
 from service.settings import Settings
 
 

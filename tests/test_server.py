@@ -14,7 +14,7 @@ import pytest
 from helpers import SEED_TEXT, ServerProcess
 from models import build_sentence_model
 
-from service.loading import default_model_dir
+from service.engine.loading import default_model_dir
 
 pytestmark = pytest.mark.server
 

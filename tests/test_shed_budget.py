@@ -21,9 +21,9 @@ import httpx
 import pytest
 from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
-from service import shed_budget
+from service.http import shed_budget
+from service.http.shed_budget import ShedBudget
 from service.settings import Settings
-from service.shed_budget import ShedBudget
 
 QUEUE = 4
 HOLD_S = 1.5  # the most a held request waits in these tests (`_MAX_HOLD_S`, patched)

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from service.admission import ServiceTimeEstimate
+from service.engine.admission import ServiceTimeEstimate
+from service.engine.jobs import Job, Op, params_key
+from service.engine.model import ModelInfo
+from service.engine.threads import cpu_quota, default_torch_threads
 from service.errors import (
     BadRequest,
     InvalidInput,
@@ -14,12 +17,8 @@ from service.errors import (
     ServiceError,
     UnsupportedMediaType,
 )
-from service.jobs import Job, Op
-from service.model import ModelInfo
-from service.params import params_key
 from service.protocols import hf
 from service.settings import Settings, SettingsError, load_settings
-from service.threads import cpu_quota, default_torch_threads
 
 JSON = "application/json"
 

@@ -20,10 +20,11 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, RootModel
 
+from service.engine.jobs import Job, Op, Unit
+from service.engine.model import ModelInfo
 from service.errors import InvalidInput, PayloadTooLarge
-from service.jobs import Job, Op, Unit
-from service.model import ModelInfo
-from service.params import (
+from service.protocols.encodings import Encoding, encode_all
+from service.protocols.params import (
     FeatureExtractionParams,
     FillMaskParams,
     Params,
@@ -33,9 +34,7 @@ from service.params import (
     ZeroShotParams,
     pipeline_params,
 )
-from service.protocols.encodings import Encoding, encode_all
-from service.protocols.serving import require
-from service.schemas import (
+from service.protocols.schemas import (
     Dimensions,
     NonBlank,
     Normalize,
@@ -48,6 +47,7 @@ from service.schemas import (
     texts,
     validate,
 )
+from service.protocols.serving import require
 from service.settings import Settings
 
 

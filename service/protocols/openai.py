@@ -24,11 +24,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.jobs import Counted, Job, Op
-from service.model import ModelInfo
+from service.engine.jobs import Counted, Job, Op
+from service.engine.model import ModelInfo
 from service.protocols import tei
 from service.protocols.encodings import Encoding, encode_vector
 from service.protocols.hf import dimension_warning, embedding_params
+from service.protocols.schemas import Dimensions, decode, inputs_list, validate
 from service.protocols.serving import (
     Endpoint,
     json_response,
@@ -36,7 +37,6 @@ from service.protocols.serving import (
     require_api_key,
     runtime_of,
 )
-from service.schemas import Dimensions, decode, inputs_list, validate
 from service.settings import Settings
 
 #: `created` of the one model in /v1/models: when this process started serving it.

@@ -17,10 +17,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.engine.jobs import Job, Op
+from service.engine.model import ModelInfo
 from service.errors import Unauthorized, WrongTask
-from service.jobs import Job, Op
-from service.model import ModelInfo
-from service.runtime import ClientGone, Runtime
+from service.runtime.runtime import ClientGone, Runtime
 from service.settings import Settings
 
 _JSON = "application/json"

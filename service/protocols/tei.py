@@ -6,7 +6,7 @@
   `normalize: false`; `dimensions` cuts, then normalizes.
 - `/embed_all` (encoders): each input's token rows (the last hidden state).
 - `/embed_sparse` (SPLADE models): per input its non-zero vocabulary weights
-  `[{"index", "value"}, ...]`, indices ascending (`service.sparse`); `max_active_dims` (ours,
+  `[{"index", "value"}, ...]`, indices ascending (`service.engine.sparse`); `max_active_dims` (ours,
   sentence-transformers' name) keeps the k largest.
 - `encoding_format` on `/embed` (ours, not TEI's): `float`, `base64`, `binary`, `ubinary`
   (`service.protocols.encodings`).
@@ -34,9 +34,9 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, ValidationInfo
 
+from service.engine.jobs import Job, Op, Unit
+from service.engine.model import ModelInfo
 from service.errors import InferenceFailed, PayloadTooLarge, WrongTask
-from service.jobs import Job, Op, Unit
-from service.model import ModelInfo
 from service.protocols.encodings import Encoding, encode_all
 from service.protocols.hf import (
     SimilarityInputs,
@@ -45,8 +45,7 @@ from service.protocols.hf import (
     dimension_warning,
     embedding_params,
 )
-from service.protocols.serving import Endpoint, needs, require
-from service.schemas import (
+from service.protocols.schemas import (
     INTEGRAL,
     Dimensions,
     NonBlank,
@@ -59,7 +58,8 @@ from service.schemas import (
     kind,
     validate,
 )
-from service.schemas import texts as text_inputs
+from service.protocols.schemas import texts as text_inputs
+from service.protocols.serving import Endpoint, needs, require
 from service.settings import Settings
 
 

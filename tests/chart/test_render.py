@@ -17,7 +17,7 @@ import pytest
 import yaml
 from starlette.routing import Route
 
-from service.routes import ROUTES
+from service.protocols.routes import ROUTES
 from service.settings import Settings
 
 from .helm import (

@@ -120,9 +120,9 @@ def test_roles_and_syscall_states() -> None:
 RAW = """\
 thread (101): MainThread;Runner.run (asyncio/runners.py:118);Protocol.data_received (h11.py:20) 7
 thread (101): MainThread;Runner.run (asyncio/runners.py:118);json_response (routes.py:30) 3
-thread (102): inference;Batcher._run (service/batcher.py:240);Engine.run (model.py:180);\
+thread (102): inference;Batcher._run (service/engine/batcher.py:240);Engine.run (model.py:180);\
 Module._call_impl (torch/nn/modules/module.py:1789);Linear.forward (torch/nn/linear.py:134) 20
-thread (102): inference;Batcher._run (service/batcher.py:240);Engine.prepare (model.py:120) 5
+thread (102): inference;Batcher._run (service/engine/batcher.py:240);Engine.prepare (model.py:120) 5
 not a stack line
 """
 
@@ -302,7 +302,7 @@ def test_bench_models_are_built_once_and_load_as_the_server_would(tmp_path: Path
     import json
 
     from loadtest import models
-    from service.loading import infer_task
+    from service.engine.loading import infer_task
     from service.settings import Settings
 
     folder = models.minilm_classifier(tmp_path / "clf")

@@ -1,0 +1,149 @@
+"""What each model family does after the forward: pooled vectors through Dense heads, SPLADE
+pooling of MLM logits, and the start checks on both (served width, finite outputs).
+
+`EncoderEngine.run` computes the model's first output once per batch; the answers of
+`Op.EMBED` and `Op.SPARSE` units are made here from that output and the batch's attention
+mask, as sentence-transformers' modules after its Transformer do (`service.engine.pooling`,
+`service.engine.heads`, `service.engine.sparse`). Inference thread only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import structlog
+
+from service.engine import heads, pooling, sparse
+from service.engine.jobs import Op, Unit
+from service.engine.model import Prepared
+
+if TYPE_CHECKING:
+    import torch
+
+    from service.engine.encoder import EncoderEngine
+
+log = structlog.get_logger("service.families")
+
+_CHECK_TEXTS = ("Warm up", "A somewhat longer sentence to check the model's outputs")
+
+
+class NonFiniteOutput(ValueError):
+    """The model gives NaN or infinite embeddings at start (e.g. EmbeddingGemma in float16)."""
+
+
+def load_heads(sentence: pooling.SentenceConfig | None, device: Any) -> tuple[heads.DenseHead, ...]:
+    """The folder's Dense modules, loaded in order on `device` (none without a config)."""
+    if sentence is None or not sentence.dense:
+        return ()
+    folder = Path(sentence.folder)
+    try:
+        return tuple(heads.load_dense(folder, spec, device) for spec in sentence.dense)
+    except heads.UnsupportedHead as exc:
+        raise pooling.UnsupportedModel(str(exc)) from None
+
+
+def served_dimension(sentence: pooling.SentenceConfig, config: Any) -> int:
+    """The width answers really have: the vocabulary (SPLADE), the last Dense module's
+    `out_features`, else the model's hidden size x pooling modes, read from the loaded
+    model's config (a Pooling config may declare another width: it is logged, not served).
+
+    Raises `UnsupportedModel` when the first Dense module's `in_features` is not the pooled
+    width (sentence-transformers would fail on every input)."""
+    if sentence.splade is not None:
+        return int(config.vocab_size)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    pooled = int(text.hidden_size) * len(sentence.modes)
+    if sentence.declared_dimension not in (None, pooled):
+        log.warning(
+            "pooling_dimension_differs",
+            declared=sentence.declared_dimension,
+            served=pooled,
+            hint="the Pooling config's embedding_dimension is not the model's hidden size",
+        )
+    if sentence.dense:
+        first = sentence.dense[0]
+        if first.in_features != pooled:
+            raise pooling.UnsupportedModel(
+                f"Dense module ({first.path}) takes {first.in_features} features but pooling "
+                f"gives {pooled} (hidden size x modes)"
+            )
+        return sentence.dense[-1].out_features
+    return pooled
+
+
+def embed_rows(
+    engine: EncoderEngine, batch: list[Prepared], hidden: torch.Tensor, mask: torch.Tensor
+) -> dict[int, np.ndarray]:
+    """Each `Op.EMBED` unit's vector, by batch position: pool -> Dense heads (float32) ->
+    cut to `dimensions` and normalize as its params say."""
+    import torch
+
+    rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED]
+    if not rows:
+        return {}
+    modes = engine.info.pooling
+    assert modes is not None
+    index = torch.tensor(rows, device=hidden.device)
+    prompt = torch.tensor([batch[i].payload.prompt_tokens for i in rows])
+    mask = mask.to(hidden.device)
+    vectors = pooling.pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
+    vectors = heads.apply_dense(vectors, engine.heads)
+    out = {}
+    for j, i in enumerate(rows):
+        params = batch[i].unit.params
+        out[i] = (
+            pooling.finish(
+                vectors[j : j + 1],
+                normalize=bool(params.get("normalize", True)),
+                dimensions=params.get("dimensions"),
+            )[0]
+            .cpu()
+            .numpy()
+        )
+    return out
+
+
+def sparse_rows(
+    engine: EncoderEngine, batch: list[Prepared], logits: torch.Tensor, mask: torch.Tensor
+) -> dict[int, sparse.SparseVector]:
+    """Each `Op.SPARSE` unit's SPLADE vector, by batch position (`max_active_dims` kept)."""
+    import torch
+
+    rows = [i for i, p in enumerate(batch) if p.unit.op is Op.SPARSE]
+    if not rows:
+        return {}
+    spec = engine.sentence.splade if engine.sentence is not None else None
+    assert spec is not None
+    index = torch.tensor(rows, device=logits.device)
+    weights = sparse.splade_pool(logits[index], mask.to(logits.device)[index], spec)
+    out = {}
+    for j, i in enumerate(rows):
+        top = batch[i].unit.params.get("max_active_dims")
+        out[i] = sparse.to_sparse(sparse.keep_top(weights[j : j + 1], top)[0])
+    return out
+
+
+def check_finite(engine: EncoderEngine) -> EncoderEngine:
+    """Run two texts through the engine as traffic would; raise `NonFiniteOutput` (one line,
+    naming the dtype) when any answer holds NaN or inf. Returns the engine."""
+    info = engine.info
+    op = Op.SPARSE if info.sparse else Op.EMBED if info.pooling else None
+    if op is None:
+        return engine
+    units = [Unit(op=op, text=t, params={"truncate": True}) for t in _CHECK_TEXTS]
+    answers = engine.run([engine.prepare(u) for u in units])
+    values = [a.values if isinstance(a, sparse.SparseVector) else a for a in answers]
+    if all(np.isfinite(v).all() for v in values):
+        return engine
+    hint = (
+        "its weights give NaN or inf even in float32 (a broken checkpoint?)"
+        if info.dtype == "float32"
+        else "serve it in float32 (DTYPE=float32); some models, e.g. EmbeddingGemma, overflow "
+        "in float16"
+    )
+    raise NonFiniteOutput(
+        f"the model's embeddings are not finite (NaN or inf) in {info.dtype} on "
+        f"{info.device}: {hint}"
+    )

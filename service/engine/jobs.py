@@ -1,0 +1,103 @@
+"""The one internal job type every protocol parses into: units of model work, and a finish.
+
+A protocol adapter (`service.protocols.*`) turns its wire shape into a `Job`: the `Unit`s the
+inference thread computes (one per model input: a text, a text pair, or token ids) and a
+`finish` that turns their answers, in order, into the response content. Admission, deadlines,
+shedding, cancellation and the batcher see only units, so every route behaves the same.
+
+Ops and the answer each unit gets (`service.engine.encoder` / `service.engine.model` compute them):
+
+| op | input | answer |
+| --- | --- | --- |
+| `embed` | text (or ids) | float32 [D]: the pooled sentence embedding |
+| `rows` | text (or ids) | float32 [tokens, H]: the last hidden state, one row per token |
+| `logits` | text or pair | float32 [labels]: the classifier's raw logits |
+| `classify` | text or pair | the text-classification pipeline's answer: [{label, score}] |
+| `pipeline` | text | the pipeline's own answer (fill-mask, token-classification) |
+| `tokenize` | text | [{id, text, special, start, stop}]: no forward |
+| `decode` | ids | str: no forward |
+| `sparse` | text (or ids) | `service.engine.sparse.SparseVector`: a SPLADE model's non-zero weights
+|
+
+A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens
+its input took (after truncation, prompt and special tokens included), for usage counts; the
+event loop never tokenizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+Hashable = tuple[tuple[str, Any], ...]
+
+
+class Op(StrEnum):
+    EMBED = "embed"
+    ROWS = "rows"
+    LOGITS = "logits"
+    CLASSIFY = "classify"
+    PIPELINE = "pipeline"
+    TOKENIZE = "tokenize"
+    DECODE = "decode"
+    SPARSE = "sparse"
+
+
+#: Ops answered in the inference thread without a forward pass (they never enter a batch).
+NO_FORWARD = frozenset({Op.TOKENIZE, Op.DECODE})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unit:
+    """One model input. Exactly one of `text` and `ids` is set; `pair` only with `text`.
+
+    `params` are the op's options, validated by the adapter (see each engine's docstring for
+    the keys it reads): e.g. `truncate`, `direction`, `prompt`, `normalize`, `dimensions`.
+    """
+
+    op: Op
+    text: str | None = None
+    pair: str | None = None
+    ids: tuple[int, ...] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """An answer and the number of tokens its input took (units with `count_tokens`)."""
+
+    answer: Any
+    tokens: int
+
+
+def _identity(answers: list[Any]) -> Any:
+    return answers
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What one request asks: its units and how their answers become the response content.
+
+    `paths` name each unit's input for error messages (`inputs[2]`, `texts[0]`); None when
+    the request holds one input (its errors need no path)."""
+
+    units: Sequence[Unit]
+    finish: Callable[[list[Any]], Any] = _identity
+    paths: Sequence[str] | None = None
+    headers: Mapping[str, str] | None = None  # extra response headers (e.g. `Warning`)
+
+    @property
+    def inputs(self) -> int:
+        """Units count against MAX_QUEUE_SIZE and in the logs' and metrics' `inputs`."""
+        return len(self.units)
+
+
+def params_key(params: dict[str, Any]) -> Hashable:
+    """A hashable key for a validated parameter set (the pipeline engine caches by it)."""
+
+    def freeze(v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v
+
+    return tuple(sorted((k, freeze(v)) for k, v in params.items()))

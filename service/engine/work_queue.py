@@ -1,0 +1,123 @@
+"""The hand-off from the event loop to the inference thread, bounded in inputs.
+
+`WorkQueue.offer` is admission: it sheds (503) before any work when the queue is full or the
+predicted wait exceeds the request's deadline; the lock is held only for list operations, so
+the event loop never waits on inference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from service import metrics
+from service.engine.admission import ServiceTimeEstimate
+from service.engine.jobs import Unit
+from service.engine.model import Prepared
+from service.engine.occupancy import Occupancy, RequestTally
+from service.errors import Overloaded
+
+
+@dataclass(eq=False, kw_only=True)
+class Item:
+    """One unit of one request. `future` resolves to the unit's answer or a ServiceError."""
+
+    unit: Unit
+    deadline: float  # time.monotonic() seconds
+    enqueued_at: float = field(default_factory=time.monotonic)
+    future: Future[Any] = field(default_factory=Future)
+    cancel_reason: str = "client_disconnect"  # set by the loop before it cancels the future
+    prepared: Prepared | None = None
+    passed_over: int = 0  # batches formed from its parameter group without it
+    tally: RequestTally | None = None  # its request's stage, set when queued (`occupancy`)
+
+
+class WorkQueue:
+    """Items handed from the loop to the thread, bounded in inputs (MAX_QUEUE_SIZE).
+
+    `depth` counts every input waiting: handed over but not yet in a running batch. The lock
+    is held only for list operations, so the event loop never waits on inference.
+    `occupancy` counts requests instead of inputs (waiting, running: `service.engine.occupancy`).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._new: deque[Item] = deque()
+        self._depth = 0
+        self._cond = threading.Condition()
+        self.occupancy = Occupancy(metrics.REQUESTS_WAITING, metrics.REQUESTS_RUNNING)
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def refusal(self, n: int, deadline: float, estimate: ServiceTimeEstimate) -> Overloaded | None:
+        """Why `n` more inputs due by `deadline` (monotonic) must be shed now, or None.
+
+        Full queue, or a predicted wait past the deadline: shedding happens before any work
+        (TEI's `try_acquire_permit`), so a request that would wait past its deadline is
+        refused now instead of expiring in the queue (counted when answered: `errors.shed`
+        reasons). Called by `offer`
+        under the lock, and from the request head (`service.http.shed`) without it: a stale read
+        there only decides one request a batch late, and `offer` decides again."""
+        depth = self._depth
+        if depth + n > self.capacity:
+            return Overloaded(
+                f"queue full ({depth} of {self.capacity} inputs waiting); retry later",
+                retry_after_s=estimate.predicted_wait(depth),
+                shed="queue_full",
+            )
+        # Shed for the deadline only behind other work: alone on an idle server a request
+        # starts at once, and its batch corrects an estimate that was too pessimistic
+        # (otherwise one slow cold batch could shed short deadlines forever).
+        idle = depth == 0 and not estimate.running()
+        wait = estimate.predicted_wait(depth + n)
+        if not idle and wait > deadline - time.monotonic():
+            return Overloaded(
+                f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
+                retry_after_s=estimate.predicted_wait(depth),
+                shed="deadline",
+            )
+        return None
+
+    def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
+        """Queue all of `items` (one request's inputs) or none: raise `Overloaded` when full
+        or too slow for them."""
+        with self._cond:
+            refusal = self.refusal(len(items), min(i.deadline for i in items), estimate)
+            if refusal is not None:
+                raise refusal
+            tally = self.occupancy.admit([i.future for i in items])
+            for item in items:
+                item.tally = tally
+            self._new.extend(items)
+            self._depth += len(items)
+            metrics.QUEUE_DEPTH.set(self._depth)
+            self._cond.notify()
+
+    def take_new(self, timeout: float) -> list[Item]:
+        """Everything handed over since the last call; block up to `timeout` s for the first."""
+        with self._cond:
+            if not self._new and timeout > 0:
+                self._cond.wait(timeout)
+            taken = list(self._new)
+            self._new.clear()
+            return taken
+
+    def release(self, n: int) -> None:
+        """`n` inputs left the waiting set (started, answered with an error, or dropped)."""
+        with self._cond:
+            self._depth -= n
+            metrics.QUEUE_DEPTH.set(self._depth)
+
+    def started(self, items: list[Item]) -> None:
+        """`items` (futures just marked running) are in the batch being computed now."""
+        self.occupancy.start((i.tally, i.future) for i in items)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()

@@ -1,0 +1,101 @@
+"""The request context: an id per request, one log line and the request metrics per answer.
+
+`RequestContext` does it for every request that reaches the app; `service.http.edge` answers the
+sheds it decides from the head (`service.http.shed`) without the app, and uses the same pieces
+(`request_id`, `record`), so a shed looks the same in the log and the metrics either way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import structlog
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import metrics
+from service.errors import ServiceError, error_content
+from service.log import event_line
+from service.protocols.routes import ROUTES
+from service.protocols.serving import json_response
+
+log = structlog.get_logger("service.app")
+
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_ROUTE_LABELS = {route.path for route in ROUTES}
+_UNLOGGED = frozenset({"/readyz", "/livez", "/metrics"})  # probes: counted, not logged
+
+
+def request_id(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's `X-Request-ID` if it is sane (1-128 of `A-Za-z0-9._:-`), else a new one
+    (32 hex digits)."""
+    sent = next((v for k, v in headers if k == b"x-request-id"), b"").decode("latin-1")
+    return sent if _SANE_ID.match(sent) else os.urandom(16).hex()
+
+
+def record(scope: Scope, request_id: str, status: int, seconds: float) -> None:
+    """The request metrics (route, status; seconds) and, except for probes, one `request` log
+    line."""
+    path = scope["path"]
+    route = path if path in _ROUTE_LABELS else "other"
+    requests, duration = metrics.request_metrics(route, status)
+    requests.inc()
+    duration.observe(seconds)
+    if route in _UNLOGGED:
+        return  # probes every few seconds would drown the log; the metrics count them
+    fields = {
+        "request_id": request_id,
+        "method": scope["method"],
+        "route": route,
+        "status": status,
+        "latency_ms": round(1000 * seconds, 2),
+        "inputs": scope.get("state", {}).get("inputs", 0),
+    }
+    event_line("service.app", "request", fields)
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id (echoed if sane, else new), one log line and the
+    request metrics per request, `X-Request-ID` on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        rid = request_id(scope["headers"])
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        state.setdefault("arrived", time.monotonic())  # a request held at the edge: its head
+        status, started_response = 500, False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started_response
+            if message["type"] == "http.response.start":
+                status, started_response = message["status"], True
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:  # a bug: log it in full, tell the client nothing internal
+            log.error("unhandled_error", request_id=rid, exc_info=exc)
+            if not started_response:
+                await self._internal_error(scope["path"], rid, send_with_id)
+        finally:
+            record(scope, rid, status, time.perf_counter() - started)
+
+    @staticmethod
+    async def _internal_error(path: str, request_id: str, send: Send) -> None:
+        error = ServiceError("internal error; see the server log")  # status 500, internal_error
+        response = json_response(error_content(path, error, request_id), 500)
+        await response({"type": "http"}, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}

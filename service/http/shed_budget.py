@@ -1,0 +1,129 @@
+"""A budget for sheds: the share of the event loop's CPU that answering 503s may take (issue 24).
+
+Each shed is cheap, but thousands a second still take the loop's core, and on a small machine
+that comes out of the model: goodput falls whatever the tarpit (`service.http.shed`) recognises as a
+retry. The budget bounds what shedding may cost rather than guessing which requests are retries.
+
+The rule
+- A token bucket of loop CPU seconds, refilled at `SHED_BUDGET_SHARE` seconds per second
+  (default 0.1: a tenth of one core) up to `_BURST_S` (20 ms: a burst of sheds is answered at
+  once). Every 503 is charged what it cost the loop thread (`time.thread_time`): a shed the
+  HTTP edge writes from the read that brought its head, one the app answers (inputs counted
+  past the queue's room, a held retry) from when the app began; at least `_MIN_CHARGE_S`
+  (0.25 ms), since the loop's reads, polls and task switches fall outside what is measured, and
+  at most `_MAX_CHARGE_S` (2 ms), since other requests' work runs between the app's awaits.
+- While the bucket is empty, a `POST` for model work on a connection whose last answer was a
+  503 less than its Retry-After ago (a client that did not wait) is not answered: its
+  connection stops being read (`pause_reading`; the kernel's socket buffers and the client's
+  own wait push back) and it is held, first in first out.
+- Held requests are released as the bucket refills (or when they have waited `_MAX_HOLD_S`,
+  1 s, or their deadline passes, budget or not): each is decided again with the deadline it has
+  left (shed at the edge, or passed on to the app: admitted if its inputs fit by then, else
+  shed there, and charged), and its connection is read again.
+- Never held: a connection's first request and any request after a polite wait (so a polite
+  client's first shed, and a proxy's pooled connection at moderate overload, are answered at
+  once: the bucket only runs dry when sheds come faster than `SHED_BUDGET_SHARE` allows);
+  `GET`s (`/livez`, `/readyz`, `/metrics` never wait here).
+  Charges stop at one burst of debt, so that a flood of first requests cannot hold the rest for
+  longer than about one burst's refill.
+
+`SHED_BUDGET_SHARE=0` turns it off (the A/B in `loadtest/workloads/storm.py`). Defaults: the
+share (0.1) and burst (20 ms) are round figures checked, not tuned, by that workload's A/B
+(docs/overload.md gives its table and command); the minimum charge is the loop's cost per
+request it measured; the 1 s cap on a hold is the shortest Retry-After a shed carries, which a
+polite client would have waited anyway.
+
+Metrics: `pipeline_server_shed_cpu_seconds_total` (what sheds cost the loop),
+`pipeline_server_shed_held_total{outcome}` (held requests, by how they ended) and
+`pipeline_server_reads_paused` (connections not read now). A storm shows sheds and held requests
+with a small queue wait; a slow model shows long queue waits with few of either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import NamedTuple
+
+from service import metrics
+
+_BURST_S = 0.02  # loop CPU seconds the bucket holds when full (and the most debt it keeps)
+_MAX_HOLD_S = 1.0  # a held request waits at most this long (or to its deadline), budget or not
+_MIN_TICK_S = 0.002  # the release timer never fires sooner than this after the last one
+# The least a shed is charged. What is measured (from the read to the written answer) leaves
+# out the loop's reads, polls and task switches: the storm workload measured about 50 us
+# charged per shed where the loop spent 0.14-0.27 ms per request in all (docs/benchmarks.md).
+_MIN_CHARGE_S = 0.00025
+# The most one is charged: on the app's path the loop runs other requests' work between the
+# measure's two ends (each await), which is not this shed's.
+_MAX_CHARGE_S = 0.002
+# a request's state: the loop's CPU clock as the app began
+CPU_AT = "service.http.shed_budget.cpu_at"
+
+
+class _Held(NamedTuple):
+    release: Callable[[], None]  # decide the request again and read its connection again
+    latest: float  # monotonic: release by then, whatever the budget
+
+
+class ShedBudget:
+    """The bucket and the held requests of one event loop. `share`: loop CPU seconds per second
+    that sheds may take (> 0). Not thread-safe: the loop's thread only."""
+
+    def __init__(self, share: float, burst_s: float | None = None) -> None:
+        self.share = share
+        self.burst_s = _BURST_S if burst_s is None else burst_s
+        self._tokens = self.burst_s
+        self._refilled_at = time.monotonic()
+        self._held: deque[_Held] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def exhausted(self) -> bool:
+        """True while sheds have spent their share (the bucket is empty)."""
+        return self._refill() <= 0.0
+
+    def charge(self, cpu_s: float) -> None:
+        """A shed was answered at `cpu_s` seconds of loop CPU (charged at least
+        `_MIN_CHARGE_S`, at most `_MAX_CHARGE_S`)."""
+        cpu_s = min(max(cpu_s, _MIN_CHARGE_S), _MAX_CHARGE_S)
+        metrics.SHED_CPU_SECONDS.inc(cpu_s)
+        self._tokens = max(self._refill() - cpu_s, -self.burst_s)
+
+    def hold(self, release: Callable[[], None], deadline: float) -> None:
+        """Hold a request: `release()` is called once, in arrival order, when the budget allows,
+        after `_MAX_HOLD_S` or at `deadline` (monotonic s), whichever comes first."""
+        self._held.append(_Held(release, min(deadline, time.monotonic() + _MAX_HOLD_S)))
+        metrics.READS_PAUSED.set(len(self._held))
+        self._schedule()
+
+    @property
+    def holding(self) -> int:
+        """Requests held now (each one connection not read)."""
+        return len(self._held)
+
+    def _refill(self) -> float:
+        now = time.monotonic()
+        self._tokens = min(self.burst_s, self._tokens + (now - self._refilled_at) * self.share)
+        self._refilled_at = now
+        return self._tokens
+
+    def _schedule(self) -> None:
+        if self._timer is not None or not self._held:
+            return
+        now = time.monotonic()
+        refilled = now + max(0.0, -self._refill()) / self.share
+        at = max(min(refilled, self._held[0].latest), now + _MIN_TICK_S)
+        self._timer = asyncio.get_running_loop().call_later(at - now, self._release_due)
+
+    def _release_due(self) -> None:
+        """Release held requests while the bucket has tokens (each shed released charges it)
+        and every one whose wait is over; then wait for the next."""
+        self._timer = None
+        try:
+            while self._held and (self._refill() > 0.0 or self._held[0].latest <= time.monotonic()):
+                self._held.popleft().release()
+        finally:  # a release that raised must not leave the others held for good
+            metrics.READS_PAUSED.set(len(self._held))
+            self._schedule()

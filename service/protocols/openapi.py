@@ -1,0 +1,299 @@
+"""`GET /openapi.json`: an OpenAPI 3.1 document of the routes this deployment serves.
+
+Generated from the same pydantic models the routes validate requests with (and the answer
+models beside them in `service.protocols.*`), so it cannot drift from what is parsed. It lists
+only the routes the loaded model serves (`Endpoint.serves`), and fills in what depends on the
+deployment where the models mark it (`service.protocols.schemas`: the `x-*` keys):
+MAX_CLIENT_BATCH_SIZE as `maxItems` of input lists, the model's prompt names as the `prompt_name`
+enum, its embedding width as the `dimensions` maximum, its vocabulary as the token-id maximum. Every
+operation lists its error answers (ours, or OpenAI's envelope on /v1) with `Retry-After` on 503.
+Built once per loaded model. `X-Request-Timeout` (a shorter deadline) is described, not listed as a
+parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, Field
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from service.engine.model import ModelInfo
+from service.protocols import hf, schemas
+from service.protocols.openai import ModelList, OpenAIErrorResponse
+from service.protocols.serving import Endpoint
+from service.settings import Settings
+
+_REF = "#/components/schemas/{model}"
+_TEXT = {"type": "string", "pattern": r"\S"}
+_HEADER_ID = {
+    "description": "the request id (echoed if the client sent a sane one)",
+    "schema": {"type": "string"},
+}
+_RETRY_AFTER = {
+    "description": "seconds to wait before retrying",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9]+$"},
+}
+_WARNING = {
+    "description": "299: `dimensions` cut a model not trained for Matryoshka cuts to that width",
+    "schema": {"type": "string"},
+}
+_ERRORS = {
+    400: "the body could not be decoded or parsed (invalid UTF-8, malformed JSON, a bad header)",
+    401: "API_KEY is set and the bearer token is missing or wrong",
+    413: "the body is over MAX_BODY_BYTES, or more inputs than MAX_CLIENT_BATCH_SIZE",
+    415: "a content type that is not accepted here",
+    422: "parsed but invalid: an empty input, a wrong type (the message names the path), an "
+    "input over the model's token limit without truncation, an unknown field",
+    424: "the loaded model cannot serve this request (the message names its task)",
+    503: "shed (queue full, or the predicted wait exceeds the deadline), loading, or draining",
+    504: "the request's deadline (REQUEST_TIMEOUT_S, or a shorter X-Request-Timeout) passed",
+    500: "the model failed on this input (details in the server log)",
+}
+_MODEL_ERRORS = (400, 413, 415, 422, 503, 504, 500)
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="what went wrong, for a human")
+    error_type: str
+    request_id: str
+
+
+class Status(BaseModel):
+    status: str
+
+
+_cached: tuple[ModelInfo, bytes] | None = None
+
+
+def document_bytes(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> bytes:
+    """The document as JSON, built once per loaded model."""
+    global _cached
+    if _cached is None or _cached[0] is not info:
+        _cached = (info, orjson.dumps(document(info, settings, endpoints)))
+    return _cached[1]
+
+
+def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document for the loaded model (see the module docstring)."""
+    served = [e for e in endpoints if e.serves(info)]
+    hf_requests = hf.request_models(info)
+    wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        *((m, "validation") for m in hf_requests),
+        *((e.request, "validation") for e in served),
+        (hf.answer_model(info), "serialization"),
+        *((e.response, "serialization") for e in served),
+        (ErrorResponse, "serialization"),
+        (OpenAIErrorResponse, "serialization"),
+        (ModelList, "serialization"),
+        (Status, "serialization"),
+    ]
+    refs, defs = models_json_schema(wanted, ref_template=_REF)
+    components = _specialize(defs.get("$defs", {}), info, settings)
+    secured = settings.api_key is not None
+    root_errors = (*_MODEL_ERRORS, 424) if info.task == "feature-extraction" else _MODEL_ERRORS
+    paths: dict[str, Any] = {
+        "/": {
+            "post": _operation(
+                "infer",
+                f"Inference ({info.task}), the Hugging Face Inference API",
+                _one_of([refs[(m, "validation")] for m in hf_requests]),
+                refs[(hf.answer_model(info), "serialization")],
+                errors=root_errors,
+                secured=secured,
+                raw_text=_raw_text(info),
+            )
+        }
+    }
+    for e in served:
+        paths[e.path] = {
+            "post": _operation(
+                e.path.strip("/").replace("/", "_"),
+                e.summary,
+                refs[(e.request, "validation")],
+                refs[(e.response, "serialization")],
+                errors=_MODEL_ERRORS,
+                secured=secured,
+                openai=e.path.startswith("/v1/"),
+            )
+        }
+    for path in ("/", "/embed", "/v1/embeddings"):
+        if path in paths and info.dimension is not None and not info.sparse:
+            paths[path]["post"]["responses"]["200"]["headers"]["Warning"] = _WARNING
+    paths.update(_own_routes(refs, secured))
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "pipeline-server",
+            "version": _version(),
+            "description": (
+                f"Serves one {info.task} model. Deadlines: REQUEST_TIMEOUT_S "
+                f"({settings.request_timeout_s:g} s), or less with `X-Request-Timeout: <seconds>`."
+            ),
+        },
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+    if secured:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc
+
+
+def _raw_text(info: ModelInfo) -> dict[str, Any]:
+    """`POST /`'s text/plain body: some text (fill-mask: holding the mask token)."""
+    return _with_pattern(_TEXT, re.escape(info.mask_token)) if info.mask_token else _TEXT
+
+
+def _one_of(refs: list[dict[str, Any]]) -> dict[str, Any]:
+    return refs[0] if len(refs) == 1 else {"oneOf": refs}
+
+
+def _operation(
+    operation_id: str,
+    summary: str,
+    request: dict[str, Any] | None,
+    answer: dict[str, Any],
+    *,
+    errors: Sequence[int],
+    secured: bool,
+    openai: bool = False,
+    raw_text: dict[str, Any] | None = None,
+    media: str = "application/json",
+) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": operation_id,
+        "summary": summary,
+        "responses": {
+            "200": {
+                "description": "the answer",
+                "headers": {"X-Request-ID": _HEADER_ID},
+                "content": {media: {"schema": answer}},
+            },
+            **_error_responses(errors, secured=secured, openai=openai),
+        },
+    }
+    if request is not None:
+        content: dict[str, Any] = {"application/json": {"schema": request}}
+        if raw_text:
+            content["text/plain"] = {"schema": raw_text}
+        op["requestBody"] = {"required": True, "content": content}
+    if secured:
+        op["security"] = [{"bearer": []}]
+    return op
+
+
+def _error_responses(statuses: Sequence[int], *, secured: bool, openai: bool) -> dict[str, Any]:
+    schema = {"$ref": _REF.format(model="OpenAIErrorResponse" if openai else "ErrorResponse")}
+    out = {}
+    for status in sorted({*statuses, *((401,) if secured else ())}):
+        headers: dict[str, Any] = {"X-Request-ID": _HEADER_ID}
+        if status == 503:
+            headers["Retry-After"] = _RETRY_AFTER
+        out[str(status)] = {
+            "description": _ERRORS[status],
+            "headers": headers,
+            "content": {"application/json": {"schema": schema}},
+        }
+    return out
+
+
+def _own_routes(refs: dict[Any, dict[str, Any]], secured: bool) -> dict[str, Any]:
+    """The probes, /metrics, /info, /openapi.json and /v1/models."""
+    status = refs[(Status, "serialization")]
+    anything: dict[str, Any] = {"type": "object"}
+
+    def get(operation_id: str, summary: str, answer: Any, errors: Sequence[int], **kw: Any) -> Any:
+        op = _operation(operation_id, summary, None, answer, errors=errors, secured=False, **kw)
+        return {"get": op}
+
+    ready = get("readyz", "Readiness: 200 once the model is loaded and warm", status, (500,))
+    ready["get"]["responses"]["503"] = {
+        "description": "loading, draining or failed",
+        "headers": {"X-Request-ID": _HEADER_ID, "Retry-After": _RETRY_AFTER},
+        "content": {"application/json": {"schema": status}},
+    }
+    live = get("livez", "Liveness: the inference thread is alive and not stuck", status, (500,))
+    live["get"]["responses"]["503"] = {
+        "description": "the inference thread died, the load failed, or a batch is stuck",
+        "headers": {"X-Request-ID": _HEADER_ID},
+        "content": {"application/json": {"schema": status}},
+    }
+    routes = {
+        "/readyz": ready,
+        "/livez": live,
+        "/metrics": get(
+            "metrics", "Prometheus metrics", {"type": "string"}, (500,), media="text/plain"
+        ),
+        "/info": get("info", "The model, batching and limits", anything, (500,)),
+        "/openapi.json": get("openapi", "This document", anything, (503, 500)),
+        "/v1/models": get(
+            "v1_models",
+            "The served model (OpenAI)",
+            refs[(ModelList, "serialization")],
+            (503, 500),
+            openai=True,
+        ),
+    }
+    for path in ("/info", "/v1/models"):
+        op = routes[path]["get"]
+        if secured:
+            op["security"] = [{"bearer": []}]
+            op["responses"].update(_error_responses((401,), secured=True, openai=path != "/info"))
+    return routes
+
+
+def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -> dict[str, Any]:
+    """Fill in this deployment's values where the models mark them (see
+    `service.protocols.schemas`)."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        node = {k: walk(v) for k, v in node.items()}
+        if schemas.MAX_INPUTS in node:
+            node["maxItems"] = settings.max_client_batch_size - int(node.pop(schemas.MAX_INPUTS))
+        if node.pop(schemas.PROMPT_NAME, None):
+            node = {**node, "enum": sorted(info.prompts)} if info.prompts else {"not": {}}
+        if node.pop(schemas.DENSE_ONLY, None) and info.sparse:
+            return {"not": {}}  # the null beside it stays: a sparse model takes only null
+        if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:
+            node["maximum"] = info.dimension
+        if node.pop(schemas.TOKEN_ID, None):
+            node["maximum"] = info.vocab_size - 1
+        return node
+
+    out = {name: walk(schema) for name, schema in schemas_.items()}
+    if info.mask_token:  # fill-mask: every input holds the mask token
+        for schema in out.values():
+            if "inputs" in schema.get("properties", {}):
+                schema["properties"]["inputs"] = _with_pattern(
+                    schema["properties"]["inputs"], re.escape(info.mask_token)
+                )
+    return out
+
+
+def _with_pattern(node: Any, pattern: str) -> Any:
+    """`node` with each text's pattern (`\\S`) replaced by `pattern`."""
+    if isinstance(node, list):
+        return [_with_pattern(x, pattern) for x in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _with_pattern(v, pattern) for k, v in node.items()}
+    if node.get("pattern") == _TEXT["pattern"]:
+        node["pattern"] = pattern
+    return node
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pipeline-server")
+    except PackageNotFoundError:
+        return "0"

@@ -1,0 +1,115 @@
+"""The route table: each protocol's endpoints, the probes, /metrics, /info and /openapi.json.
+Nothing more."""
+
+from __future__ import annotations
+
+import functools
+import platform
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from service.protocols import hf, openai, openapi, tei
+from service.protocols.serving import Endpoint, json_response, require_api_key, runtime_of, serve
+
+#: The TEI and OpenAI routes that submit model work (POST), in the document's order.
+ENDPOINTS: tuple[Endpoint, ...] = (*tei.ENDPOINTS, *openai.ENDPOINTS)
+#: Routes that submit model work: admission sheds them before the body is read
+#: (`service.http.shed`).
+INFERENCE_PATHS = frozenset({"/", *(e.path for e in ENDPOINTS)})
+
+
+async def infer(request: Request) -> Response:
+    return await serve(request, hf.parse)
+
+
+def _route(endpoint: Endpoint) -> Route:
+    parse = endpoint.adapter()
+
+    async def route(request: Request) -> Response:
+        return await serve(request, parse)
+
+    return Route(endpoint.path, route, methods=["POST"], name=endpoint.path)
+
+
+async def openapi_json(request: Request) -> Response:
+    """The OpenAPI document of this deployment's routes; 503 while the model loads (the routes
+    depend on its task). Public, like /metrics: it names the task, not the model."""
+    runtime = runtime_of(request)
+    body = openapi.document_bytes(runtime.model_info(), runtime.settings, ENDPOINTS)
+    return Response(body, media_type="application/json")
+
+
+async def readyz(request: Request) -> Response:
+    ready, status = runtime_of(request).ready()
+    if ready:
+        return json_response({"status": "ready"})
+    return json_response({"status": status}, 503, {"Retry-After": "5"})
+
+
+async def livez(request: Request) -> Response:
+    """200 `{"status": "alive"}` (loading included: a word readiness never uses), else 503
+    with the reason."""
+    live, status = runtime_of(request).live()
+    return json_response({"status": "alive" if live else status}, 200 if live else 503)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def info(request: Request) -> Response:
+    require_api_key(request)
+    runtime = runtime_of(request)
+    s = runtime.settings
+    model = runtime.batcher.info
+    return json_response(
+        {
+            "model": model.summary() if model else None,
+            "state": runtime.batcher.state.value,
+            "batching": {
+                "max_batch_size": s.max_batch_size,
+                "max_batch_wait_ms": s.max_batch_wait_ms,
+                "max_batch_tokens": s.max_batch_tokens,
+                "max_queue_size": s.max_queue_size,
+                "max_client_batch_size": s.max_client_batch_size,
+            },
+            "limits": {
+                "max_body_bytes": s.max_body_bytes,
+                "request_timeout_s": s.request_timeout_s,
+                "truncate": s.truncate,
+                "drain_timeout_s": s.drain_timeout_s,
+                "liveness_stall_s": s.liveness_stall_s,
+            },
+            "versions": _versions(),
+        }
+    )
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
+    """Package versions, read once (importlib.metadata scans site-packages)."""
+    from importlib.metadata import version
+
+    names = ("pipeline-server", "torch", "transformers", "tokenizers", "starlette", "uvicorn")
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except Exception:
+            continue
+    return {"python": platform.python_version(), **found}
+
+
+ROUTES = [
+    Route("/", infer, methods=["POST"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/livez", livez, methods=["GET"]),
+    Route("/metrics", metrics_endpoint, methods=["GET"]),
+    Route("/info", info, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
+    *(_route(e) for e in ENDPOINTS),
+    Route("/v1/models", openai.models, methods=["GET"]),
+]

@@ -1,0 +1,344 @@
+"""The server's runtime on the event loop: readiness, draining, submitting work and awaiting it.
+
+A request's inputs are admitted all or none, then awaited until the first of: all results,
+the client disconnecting (the ASGI `http.disconnect` message, not polling), the request's
+deadline (504), or the end of the drain time after SIGTERM (503). Whatever it stops waiting
+for is cancelled, so the inference thread drops it before compute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import math
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import structlog
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Scope
+
+from service import metrics
+from service.engine.batcher import Batcher, State
+from service.engine.jobs import Unit
+from service.engine.model import ModelInfo
+from service.engine.work_queue import Item
+from service.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    Draining,
+    NotReady,
+    ServiceError,
+    Unavailable,
+)
+from service.runtime.body import read_body
+from service.settings import Settings
+
+log = structlog.get_logger("service.runtime")
+
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")  # a plain decimal: no inf, nan, 1e309, 1_0
+_LOADING_RETRY_S = 5  # Retry-After while the model loads or the pod drains (a fixed value)
+
+
+def arrival(scope: Scope) -> float:
+    """When the request arrived (monotonic s; set by the request-context middleware)."""
+    arrived: float | None = scope.get("state", {}).get("arrived")
+    return time.monotonic() if arrived is None else arrived
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+class Runtime:
+    def __init__(self, settings: Settings, batcher: Batcher) -> None:
+        self.settings = settings
+        self.batcher = batcher
+        self.draining = False
+        # Resolved when the drain time ends; one future every waiter watches (no task each).
+        self._drain_over: asyncio.Future[None] | None = None
+        self._drain_ends_at: float | None = None  # monotonic; set on SIGTERM
+        self._reading: set[asyncio.Timeout] = set()  # body reads under way (`receive`)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the inference thread and chain a SIGTERM hook in front of the server's own.
+
+        uvicorn's handler stops the listener and waits for open requests; ours first turns
+        readiness off and starts the drain clock (README, Overload, deadlines and shutdown).
+        """
+        loop = asyncio.get_running_loop()
+        self._drain_over = loop.create_future()
+        self.batcher.start()
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            loop.call_soon_threadsafe(self.begin_drain)
+            if callable(previous):
+                previous(signum, frame)
+
+        # ValueError: not the main thread (in-process test clients), where no signal comes.
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, on_sigterm)
+
+    def begin_drain(self) -> None:
+        """Readiness off now; queued and running work has DRAIN_TIMEOUT_S to finish."""
+        if self.draining:
+            return
+        self.draining = True
+        metrics.READY.set(0)
+        drain_s = self.settings.drain_timeout_s
+        self._drain_ends_at = time.monotonic() + drain_s
+        self.batcher.drain_deadline = self._drain_ends_at
+        assert self._drain_over is not None
+        loop = asyncio.get_running_loop()
+        loop.call_later(drain_s, self._drain_over.set_result, None)
+        for timeout in self._reading:  # bodies still arriving: at the drain end at the latest
+            when = timeout.when()
+            timeout.reschedule(min(when if when is not None else math.inf, loop.time() + drain_s))
+        log.info("draining", drain_timeout_s=drain_s, queue_depth=self.batcher.queue.depth)
+
+    async def stop(self) -> None:
+        """Stop the thread; after SIGTERM, only until shortly after the drain ends (gunicorn
+        kills the worker DRAIN_TIMEOUT_S + 5 s after SIGTERM: shut down cleanly before that)."""
+        budget = self.settings.drain_timeout_s + 5
+        if self._drain_ends_at is not None:
+            budget = max(0.5, self._drain_ends_at + 3 - time.monotonic())
+        await asyncio.to_thread(self.batcher.stop, budget)
+
+    # -- probes --------------------------------------------------------------------------
+    def live(self) -> tuple[bool, str]:
+        """The batcher's checks (thread alive, load not failed, no batch past LIVENESS_STALL_S)
+        plus its heartbeat once ready: the thread beats on every turn of its loop (at least
+        every half second when idle), so a thread stuck outside any batch (in tokenization, on
+        a lock) is not live either."""
+        live, status = self.batcher.live()
+        if not live or self.batcher.state is not State.READY:
+            return live, status
+        silent_s = time.monotonic() - self.batcher.heartbeat
+        if self.batcher.batch_started_at is None and silent_s > self.settings.liveness_stall_s:
+            return False, f"no heartbeat from the inference thread for {silent_s:.1f}s"
+        return live, status
+
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        return self.batcher.state is State.READY, self.batcher.state.value
+
+    # -- requests ------------------------------------------------------------------------
+    def model_info(self) -> ModelInfo:
+        """The loaded model's info; raises 503 (with Retry-After) unless ready and not draining."""
+        if self.draining:
+            raise Draining(
+                "the server is shutting down", retry_after_s=_LOADING_RETRY_S, shed="draining"
+            )
+        info = self.batcher.info
+        if self.batcher.state is not State.READY or info is None:
+            why = {State.LOADING: "the model is still loading"}.get(
+                self.batcher.state, self.batcher.failure or "the model is not serving"
+            )
+            raise NotReady(why, retry_after_s=_LOADING_RETRY_S, shed="not_ready")
+        return info
+
+    def deadline(self, request: Request) -> float:
+        """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it,
+        from the request's arrival (a held retry counts its hold, `service.http.shed`)."""
+        timeout = self.timeout(request.headers.get("x-request-timeout"))
+        if timeout is None:
+            raise BadRequest("X-Request-Timeout must be a positive number of seconds")
+        return arrival(request.scope) + timeout
+
+    def timeout(self, asked: str | bytes | None) -> float | None:
+        """Seconds a request may take: REQUEST_TIMEOUT_S, or the `X-Request-Timeout` it sent
+        when smaller (a larger one is capped); None for a value that is not a plain positive
+        decimal."""
+        if asked is None:
+            return self.settings.request_timeout_s
+        text = asked.decode("latin-1") if isinstance(asked, bytes) else asked
+        if not _SECONDS.fullmatch(text.strip()) or not float(text) > 0:
+            return None
+        return min(self.settings.request_timeout_s, float(text))
+
+    def refusal(self, scope: Scope, asked_timeout: bytes | None) -> Unavailable | None:
+        """Why a request for model work must be answered 503 from its head alone, or None:
+        draining, not ready, or admission would refuse one input (`WorkQueue.refusal`); None
+        also for a bad timeout (its route answers 400)."""
+        try:
+            self.model_info()
+        except Unavailable as exc:
+            return exc
+        timeout = self.timeout(asked_timeout)
+        if timeout is None:
+            return None
+        batcher = self.batcher
+        return batcher.queue.refusal(1, arrival(scope) + timeout, batcher.estimate)
+
+    async def receive(self, request: Request, deadline: float) -> bytes:
+        """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's
+        deadline (504) and the drain time (503): a client that stalls its upload holds its
+        connection, and a draining server, no longer than that. Raises `ClientGone` when the
+        client leaves during the upload.
+
+        One `asyncio.timeout` per read (no extra task: this is every request's path, sheds
+        included); SIGTERM pulls the running ones in to the drain end (`begin_drain`)."""
+        ends = min(deadline, self._drain_ends_at or deadline)
+        try:
+            async with asyncio.timeout(max(0.0, ends - time.monotonic())) as timeout:
+                self._reading.add(timeout)
+                try:
+                    return await read_body(request, self.settings.max_body_bytes)
+                finally:
+                    self._reading.discard(timeout)
+        except ClientDisconnect:
+            raise ClientGone() from None
+        except TimeoutError:
+            # The body is still arriving: the answer closes the connection (its rest unread).
+            if self._drain_ends_at is not None and self._drain_ends_at <= deadline:
+                draining = Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+                draining.headers["Connection"] = "close"
+                raise draining from None
+            metrics.EXPIRED.labels("receiving").inc()
+            raise DeadlineExceeded(
+                "the request deadline passed while its body was still arriving",
+                headers={"Connection": "close"},
+            ) from None
+
+    def submit(self, units: Sequence[Unit], deadline: float) -> list[Item]:
+        """Queue the units (all or none); raise `Overloaded` (503) to shed them."""
+        items = [Item(unit=u, deadline=deadline) for u in units]
+        self.batcher.queue.offer(items, self.batcher.estimate)
+        return items
+
+    async def run(
+        self,
+        units: Sequence[Unit],
+        request: Request,
+        deadline: float,
+        paths: Sequence[str] | None = None,
+    ) -> list[Any]:
+        """Admit the units, then await their answers (`submit`, then `wait`); `paths` name
+        each unit's input in error messages (`inputs[2]`)."""
+        return await self.wait(self.submit(units, deadline), request, deadline, paths)
+
+    async def wait(
+        self,
+        items: list[Item],
+        request: Request,
+        deadline: float,
+        paths: Sequence[str] | None = None,
+    ) -> list[Any]:
+        """The answers, in order. Raises the first failed input's ServiceError (its message
+        prefixed with its path), 504 at the deadline, 503 when the drain time ends, or
+        `ClientGone` when the client disconnects.
+
+        One asyncio future is settled by whichever comes first (no task or future per unit):
+        the inference thread calls back once, thread-safely, when the last unit is answered or
+        one fails; a timer at the deadline; the drain end; a watcher of `http.disconnect`."""
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop, len(items))
+        for item in items:
+            item.future.add_done_callback(waiter.unit_done)
+        timer = loop.call_at(
+            loop.time() + max(0.0, deadline - time.monotonic()), waiter.settle, "deadline"
+        )
+        drain_over = self._drain_over
+        assert drain_over is not None
+        on_drain = waiter.settle_when_done("drain")
+        drain_over.add_done_callback(on_drain)
+        gone = loop.create_task(_watch_disconnect(request, waiter))
+        try:
+            why = await waiter.future
+        finally:
+            timer.cancel()
+            gone.cancel()
+            drain_over.remove_done_callback(on_drain)
+        failed = _first_failure(items)
+        if failed is not None:  # one input failed: the request is over,
+            self._abandon(items, "request_failed")  # so its other inputs cost nothing
+            _name_the_input(items, failed, paths)
+            raise failed
+        if why != "gone" and all(i.future.done() for i in items):
+            return [i.future.result() for i in items]  # answered, even if at the last moment
+        reason, error = self._why_stopped(why == "gone", why == "drain")
+        self._abandon(items, reason)
+        raise error
+
+    @staticmethod
+    def _abandon(items: list[Item], reason: str) -> None:
+        """Cancel the inputs now (synchronously, so the thread skips any still queued)."""
+        for item in items:
+            item.cancel_reason = reason
+            if not item.future.cancel() and not item.future.done() and reason == "deadline":
+                metrics.EXPIRED.labels("running").inc()  # too late to skip: its batch runs
+
+    def _why_stopped(self, client_gone: bool, drain_over: bool) -> tuple[str, Exception]:
+        if client_gone:
+            return "client_disconnect", ClientGone()
+        if drain_over:
+            return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+        return "deadline", DeadlineExceeded("the request deadline passed before its answer")
+
+
+class _Waiter:
+    """One request's wake-up: an asyncio future settled once, on the loop, with why the wait
+    ended ("done", "deadline", "drain", "gone"). `unit_done` runs in whichever thread settles
+    a unit's concurrent future (the inference thread; the loop when it cancels)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, units: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[str] = loop.create_future()
+        self._left = units
+        self._lock = threading.Lock()
+
+    def unit_done(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        failed = not future.cancelled() and future.exception() is not None
+        if last or failed:
+            self.loop.call_soon_threadsafe(self.settle, "done")
+
+    def settle(self, why: str) -> None:
+        if not self.future.done():
+            self.future.set_result(why)
+
+    def settle_when_done(self, why: str) -> Callable[[asyncio.Future[Any]], None]:
+        return lambda _: self.settle(why)
+
+
+def _first_failure(items: list[Item]) -> BaseException | None:
+    """The exception of the first input (in order) that failed, if any."""
+    for item in items:
+        future = item.future
+        if future.done() and not future.cancelled() and future.exception() is not None:
+            return future.exception()
+    return None
+
+
+def _name_the_input(items: list[Item], failed: BaseException, paths: Sequence[str] | None) -> None:
+    """Prefix a 4xx message with the failing input's path (`inputs[2]`), when it has one."""
+    if not paths or not isinstance(failed, ServiceError) or failed.status >= 500:
+        return
+    for item, path in zip(items, paths, strict=True):
+        future = item.future
+        if future.done() and not future.cancelled() and future.exception() is failed:
+            failed.message = f"{path}: {failed.message}"
+            return
+
+
+async def _watch_disconnect(request: Request, waiter: _Waiter) -> None:
+    """Settle `waiter` when the ASGI server reports `http.disconnect` for this request."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            waiter.settle("gone")
+            return
+
+
+__all__ = ["ClientGone", "Runtime", "ServiceError"]

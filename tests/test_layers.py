@@ -1,0 +1,165 @@
+"""The import graph of `service/`: no cycle between its layers, and no import from a layer to
+a higher one. Each module's layer is its subpackage (a top-level module is `app` if named so
+below, else `bottom`); a module may import its own layer and any layer below it:
+
+| rank | layer | what |
+| --- | --- | --- |
+| 7 | app | app.py, cli.py, worker.py, gunicorn_conf.py: the application and the process |
+| 6 | http | http/: the edge (connections, framing, head limits), shedding, request context |
+| 5 | protocols | protocols/: hf, tei, openai, serving; schemas, params, openapi, routes |
+| 4 | runtime | runtime/: readiness, draining, reading the body, submit and await |
+| 3 | engine | engine/: jobs, queue, admission, selection, batcher, encoders, pooling, loading |
+| 2 | backends | backends/: how a batch is computed (tensors in, tensors out) |
+| 1 | bottom | settings.py, errors.py, log.py, metrics.py (and any other top-level module) |
+
+For the layers every `import` counts, wherever it is (inside functions and under
+`if TYPE_CHECKING:` too), so a lazy import cannot hide an upward arrow. Between modules, no
+cycle of the imports run when a module is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SERVICE = Path(__file__).resolve().parents[1] / "service"
+#: highest first
+LAYERS = ["app", "http", "protocols", "runtime", "engine", "backends", "bottom"]
+APP_MODULES = [
+    "service.app",
+    "service.cli",
+    "service.worker",
+    "service.gunicorn_conf",
+    "service.bake",
+]
+RANK = {name: len(LAYERS) - i for i, name in enumerate(LAYERS)}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SERVICE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    """service.http.edge -> http; service.app -> app; service.settings -> bottom."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and (SERVICE / parts[1]).is_dir()):
+        return parts[1]
+    return "app" if module in APP_MODULES else "bottom"
+
+
+def rank(module: str) -> int:
+    return RANK.get(layer_of(module), 0)  # a subpackage with no layer fails its own test
+
+
+def imports_of(path: Path, module: str, *, at_import: bool = False) -> set[str]:
+    """The service modules (or packages) `path` imports, as dotted names; `at_import`: only
+    those imported when the module itself is (not in functions or `if TYPE_CHECKING:`)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in walk(ast.parse(path.read_text(), str(path)), at_import):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m == "service" or m.startswith("service.")}
+
+
+def walk(node: ast.AST, at_import: bool) -> list[ast.AST]:
+    """`ast.walk`, less function bodies and `if TYPE_CHECKING:` blocks when `at_import`."""
+    out = [node]
+    for child in ast.iter_child_nodes(node):
+        if at_import and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if at_import and isinstance(child, ast.If) and "TYPE_CHECKING" in ast.dump(child.test):
+            out.extend(x for e in child.orelse for x in walk(e, at_import))
+            continue
+        out.extend(walk(child, at_import))
+    return out
+
+
+def graph(*, at_import: bool = False) -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in sorted(SERVICE.rglob("*.py"))}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        # an imported name that is not a module is an attribute of the module before it
+        found = imports_of(path, name, at_import=at_import)
+        targets = {t if t in modules else t.rpartition(".")[0] for t in found}
+        edges[name] = {t for t in targets if t in modules and t != name}
+    return edges
+
+
+def test_every_subpackage_has_a_layer() -> None:
+    unknown = sorted(
+        p.name
+        for p in SERVICE.iterdir()
+        if p.is_dir() and (p / "__init__.py").exists() and p.name not in RANK
+    )
+    assert not unknown, f"subpackages with no layer in tests/test_layers.py: {unknown}"
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    upward = [
+        f"{src} ({layer_of(src)}) imports {dst} ({layer_of(dst)})"
+        for src, dsts in sorted(graph().items())
+        for dst in sorted(dsts)
+        if dst != "service" and rank(dst) > rank(src)
+    ]
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def test_no_cycle_between_layers() -> None:
+    layer_edges: dict[str, set[str]] = {}
+    for src, dsts in graph().items():
+        for dst in dsts:
+            if dst != "service" and layer_of(src) != layer_of(dst):
+                layer_edges.setdefault(layer_of(src), set()).add(layer_of(dst))
+    cycle = find_cycle(layer_edges)
+    assert cycle is None, "a cycle between layers: " + " -> ".join(cycle or [])
+
+
+def test_no_cycle_between_modules() -> None:
+    """Within a layer too, no module needs another one that needs it back when imported
+    (an import for type hints only, under `if TYPE_CHECKING:`, or inside a function is not
+    run at import)."""
+    edges = {m: {d for d in ds if d != "service"} for m, ds in graph(at_import=True).items()}
+    cycle = find_cycle(edges)
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle or [])
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph (as a path that ends where it starts), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_checks_catch_what_they_look_for() -> None:
+    """The checks themselves: a known cycle is found, layers rank as the table says."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert layer_of("service.settings") == "bottom"
+    assert layer_of("service.app") == "app"
+    assert RANK["http"] > RANK["protocols"] > RANK["runtime"] > RANK["engine"] > RANK["bottom"]
+    assert "service.engine.batcher" in graph()
