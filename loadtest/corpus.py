@@ -25,7 +25,7 @@ CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 SEED_PAYLOAD = "Paris is the [MASK] of France."
 
 #: Longest input in words. all-MiniLM-L6-v2 allows 512 tokens; 300 words of this corpus stay
-#: under about 420 tokens (checked in tests/loadtest/test_corpus.py).
+#: under about 420 tokens (checked in tests/loadtest/test_loadtest_units.py).
 MAX_WORDS = 300
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
