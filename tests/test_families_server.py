@@ -19,7 +19,7 @@ from sentence_transformers import SentenceTransformer, SparseEncoder
 
 pytestmark = pytest.mark.server
 
-CONFIG = Path(__file__).parent / "schemathesis.toml"
+CONFIG = Path(__file__).parent / "protocols" / "schemathesis.toml"
 FUZZ_ENV = {"MAX_CLIENT_BATCH_SIZE": "8", "TRUNCATE": "true", "TORCH_NUM_THREADS": "1"}
 TEXTS = ["hello", "paris is the capital of france", "john lives in london " * 6]
 
