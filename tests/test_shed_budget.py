@@ -188,6 +188,23 @@ def test_a_pooled_connection_at_moderate_overload_is_never_held(full: Full) -> N
         assert after == before
 
 
+def test_a_draining_server_holds_nothing(full: Full) -> None:
+    """After SIGTERM a request on an open connection gets its 503 at once (DESIGN: Shutdown),
+    even from an impatient connection while the budget is spent: a hold could outlast the
+    process."""
+
+    async def scenario(url: str, served: Served) -> list[Answer]:
+        _filled = await _fill(url)
+        served.begin_drain()
+        await asyncio.sleep(0.1)
+        return await _storm_connection(url, ["one", "two", "three"])
+
+    with full(shed_budget_share=0.001) as (served, _):
+        answers = asyncio.run(asyncio.wait_for(scenario(served.url, served), 30))
+        assert [s for s, _ in answers] == [503] * 3 and max(t for _, t in answers) < AT_ONCE
+        assert sample("pipeline_server_reads_paused") == 0
+
+
 def test_the_budget_off_holds_nothing(full: Full) -> None:
     async def scenario(url: str) -> list[Answer]:
         _filled = await _fill(url)

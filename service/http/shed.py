@@ -119,7 +119,11 @@ class ShedGate:
 
     def deadline(self, scope: Scope) -> float | None:
         """For the edge's shed budget: the deadline (monotonic s) of a request this gate may
-        shed (a `POST` to an inference route, authorized, not through a proxy), else None."""
+        shed (a `POST` to an inference route, authorized, not through a proxy), else None; None
+        too while draining, so a request on an open connection after SIGTERM is answered 503 at
+        once (DESIGN: Shutdown) instead of held past the process's exit."""
+        if self.runtime.draining:
+            return None
         headers = self._sheddable(scope)
         if headers is None or b"x-forwarded-for" in headers:
             return None
