@@ -228,7 +228,9 @@ def test_shed_at_once_with_an_honest_retry_after(tiny_settings: Callable[..., Se
 
 
 # -- the real server: C15 ----------------------------------------------------------------------
-SPREAD_S = 0.8  # C15: "within 1 s"
+# C15: "10x the queue capacity of concurrent requests within 1 s". Sent over 0.8 s, a fast
+# machine answered each tiny-model request before the next came and shed nothing.
+SPREAD_S = 0.1
 BURST_ENV = {
     "MAX_BATCH_SIZE": "4",
     "MAX_QUEUE_SIZE": "32",
