@@ -206,10 +206,13 @@ check "HEALTHCHECK passes"
 
 # --- 6. preStop, then SIGTERM with requests in flight ----------------------------------------------
 $PRESTOP_CMD  # the preStop pause, as in the pod; the kubelet sends SIGTERM after it
-BODY=$("$PYTHON" -c 'import json; print(json.dumps({"inputs": ["A sentence of moderate length, to keep the model busy for a little while."] * 16}))')
+# 4 requests of 48 inputs of about 90 tokens (192 inputs: the queue holds them all): about half
+# a second of work for the fastest backend here, so some is still queued when SIGTERM comes
+# (16 short inputs each were done before `podman kill` landed once bfloat16 served them).
+BODY=$("$PYTHON" -c 'import json; print(json.dumps({"inputs": [" ".join(["A sentence of moderate length, to keep the model busy for a little while."] * 6)] * 48}))')
 # A few batches first, so the service-time estimate reflects batched work (fewer sheds).
 for _ in 1 2 3; do
-  curl -fsS -o /dev/null -H 'Content-Type: application/json' -d "$BODY" "$URL/" || fail "a 16-input request failed"
+  curl -fsS -o /dev/null -H 'Content-Type: application/json' -d "$BODY" "$URL/" || fail "a 48-input request failed"
 done
 pids=()
 for i in 1 2 3 4; do
