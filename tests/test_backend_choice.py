@@ -12,8 +12,17 @@ from typing import Any
 import pytest
 import torch
 
-from service.backends.choice import Candidate, Measured, Quality, fastest_passing, measure
+from service.backends.choice import (
+    Candidate,
+    Measured,
+    Quality,
+    Route,
+    fastest_passing,
+    measure,
+    route,
+)
 from service.backends.quality import classifier_quality, embedding_quality
+from service.backends.routed import RoutedBackend
 
 torch.manual_seed(0)
 REFERENCE = torch.randn(4, 6, 8)  # token rows [B, L, H] of torch float32
@@ -129,3 +138,77 @@ def test_pooled_cosine_reads_the_models_pooling_mode() -> None:
     out[:, 0] = -out[:, 0]  # only the first (CLS) row changes
     assert embedding_quality(REFERENCE, out, MASK, ("cls",)).min_cosine == pytest.approx(-1.0)
     assert embedding_quality(REFERENCE, out, MASK, ("lasttoken",)).min_cosine == pytest.approx(1)
+
+
+class CostBackend:
+    """Costs `fixed + per_token * (B x L)` fake seconds a call; answers `REFERENCE` plus
+    `noise`; counts its calls."""
+
+    def __init__(self, clock: FakeClock, fixed: float, per_token: float, noise: float) -> None:
+        self.name, self.dtype = "fake", f"{fixed}+{per_token}"
+        self.clock, self.fixed, self.per_token, self.noise = clock, fixed, per_token, noise
+        self.calls = 0
+
+    def forward(self, inputs: Mapping[str, Any]) -> Any:
+        self.calls += 1
+        self.clock.now += self.fixed + self.per_token * inputs["input_ids"].numel()
+        return FakeBackend(self.clock, 0.0, self.noise, self.dtype).forward(inputs)
+
+
+def costed(specs: list[tuple[float, float, float]]) -> list[Measured]:
+    """Measure a `CostBackend` per (fixed s, s per padded token, noise) on `TIMING`."""
+    clock = FakeClock()
+    return [
+        measure(
+            Candidate("fake", f"{f}+{k}", lambda f=f, k=k, n=n: CostBackend(clock, f, k, n)),
+            REFERENCE,
+            QUALITY_INPUTS,
+            TIMING,
+            compare,
+            clock,
+        )[0]
+        for f, k, n in specs
+    ]
+
+
+def test_the_fitted_cost_line_is_the_candidates_own() -> None:
+    (m,) = costed([(0.008, 0.0003, 0.0)])
+    assert m.padded_tokens == {1: 6, 8: 48, 32: 192}  # B x L of each timing batch
+    fixed, per_token = m.cost()
+    assert fixed == pytest.approx(0.008) and per_token == pytest.approx(0.0003)
+    assert m.seconds(100) == pytest.approx(0.038)
+
+
+def test_small_batches_go_to_the_candidate_with_the_lower_fixed_cost() -> None:
+    """One like onnxruntime float32 (less per call, more per token) and one like torch
+    bfloat16 (more per call, less per token): the second serves large batches, the first
+    batches up to where their cost lines cross, (0.012 - 0.008) / (0.0003 - 0.0001) = 20."""
+    measured = costed([(0.008, 0.0003, 0.0), (0.012, 0.0001, 0.0)])
+    large = fastest_passing(measured)
+    assert large == 1
+    assert route(measured, large) == Route(large=1, small=0, max_tokens=20)
+
+
+def test_no_second_backend_when_it_saves_too_little_or_fails_the_check() -> None:
+    # 8% cheaper at the smallest batch: within timing noise, one backend serves all
+    close = costed([(0.0113, 0.00012, 0.0), (0.012, 0.0001, 0.0)])
+    assert route(close, 1) == Route(large=1)
+    # much cheaper per call, but its answers fail the check: never served
+    wrong = costed([(0.001, 0.0003, 0.5), (0.012, 0.0001, 0.0)])
+    assert not wrong[0].passed
+    assert route(wrong, 1) == Route(large=1)
+    # cheaper per call and per token: it is the fastest, and alone
+    both = costed([(0.001, 0.00005, 0.0), (0.012, 0.0001, 0.0)])
+    assert fastest_passing(both) == 0 and route(both, 0) == Route(large=0)
+
+
+def test_a_routed_backend_sends_each_batch_by_its_padded_tokens() -> None:
+    clock = FakeClock()
+    small, large = CostBackend(clock, 0.0, 0.0, 0.0), CostBackend(clock, 0.0, 0.0, 0.0)
+    routed = RoutedBackend(small, large, max_tokens=20)
+    assert (routed.name, routed.dtype) == (large.name, large.dtype)
+    routed.forward({"input_ids": torch.zeros(1, 20, dtype=torch.long)})  # 20 tokens
+    routed.forward({"input_ids": torch.zeros(3, 6, dtype=torch.long)})  # 18
+    routed.forward({"input_ids": torch.zeros(1, 21, dtype=torch.long)})  # 21
+    routed.forward({"input_ids": torch.zeros(4, 6, dtype=torch.long)})  # 24
+    assert (small.calls, large.calls) == (2, 2)

@@ -27,10 +27,13 @@ from service.backends.choice import (
     Compare,
     Measured,
     Quality,
+    Route,
     fastest_passing,
     measure,
+    route,
 )
 from service.backends.quality import classifier_quality, embedding_quality
+from service.backends.routed import RoutedBackend
 from service.backends.torch_backend import TorchBackend, converted
 
 log = structlog.get_logger("service.backends")
@@ -54,7 +57,7 @@ TEXTS = (
     "An apple a day keeps the doctor away.",
     "The new phone has a faster processor, a brighter screen and a longer battery life.",
 )
-TIMING_SIZES = (1, 8, 32)
+TIMING_SIZES = (1, 2, 4, 8, 16, 32)
 PIPELINE_NOTE = (
     "fill-mask and token-classification run on torch (the pipeline's own forward and "
     "postprocess); BACKEND=onnx and DTYPE=int8 do not apply to them"
@@ -69,6 +72,9 @@ class Choice:
     measured: tuple[Measured, ...]
     seconds: float
     note: str | None = None
+    # Where small batches run on a second candidate (`RoutedBackend`): its backend and dtype
+    # and the largest batch, in padded tokens (B x L), it computes.
+    small_batches: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """/info's `backend` object and the `backend_chosen` log line's fields."""
@@ -78,6 +84,8 @@ class Choice:
             "choice_s": round(self.seconds, 2),
             "candidates": [m.summary() for m in self.measured],
         }
+        if self.small_batches:
+            out["small_batches"] = self.small_batches
         if self.note:
             out["note"] = self.note
         return out
@@ -135,7 +143,23 @@ def choose_backend(
     else:
         best = fastest_passing(measured)
         served = reference if best is None else results[best][1] or reference
+        if best is not None and results[best][1] is not None:
+            return _logged(_routed(route(measured, best), results, started))
     return _logged(Choice(served, measured, time.perf_counter() - started))
+
+
+def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started: float) -> Choice:
+    """The choice for `plan`: one backend, or two (`RoutedBackend`) when small batches run
+    faster on another passing candidate (`service.backends.choice.route`)."""
+    measured = tuple(m for m, _ in results)
+    large = results[plan.large][1]
+    assert large is not None
+    small = results[plan.small][1] if plan.small is not None else None
+    if small is None:
+        return Choice(large, measured, time.perf_counter() - started)
+    where = {"backend": small.name, "dtype": small.dtype, "max_padded_tokens": plan.max_tokens}
+    served = RoutedBackend(small, large, plan.max_tokens)
+    return Choice(served, measured, time.perf_counter() - started, small_batches=where)
 
 
 def _candidates(
