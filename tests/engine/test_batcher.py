@@ -278,3 +278,69 @@ def test_when_every_queued_input_looks_doomed_one_still_runs(
         first[0].future.result(10)
     assert isinstance(last[0].future.result(10), list)
     assert ["last [MASK]"] in engine.batches
+
+
+class CountingEngine:
+    """Tokenizes nothing: every unit is a 5-token input (for the pool, without a model)."""
+
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        return [Prepared(unit=u, n_tokens=5) for u in units]
+
+
+def answered_clients_return(
+    monkeypatch: pytest.MonkeyPatch, gap_s: float, fixed_s: float, quiet_s: float = 0.05
+) -> tuple[int, float]:
+    """After a batch of 4 (1 s long), with 4 inputs already pooled, the 4 answered clients'
+    requests arrive `gap_s` apart (the first after one gap). Returns the pool's size when
+    `_await_answered_clients` returns, and how long it waited."""
+    import service.engine.batcher as batcher_module
+
+    monkeypatch.setattr(batcher_module, "_QUIET_S", quiet_s)  # wide margins for a busy CI
+    b = Batcher(Settings(max_batch_size=32, max_queue_size=64))
+    b.estimate.overhead_tokens, b.estimate.sec_per_token = 100.0, fixed_s / 100.0
+    b._last_batch_size, b._last_batch_s = 4, 1.0
+    engine: Any = CountingEngine()
+    b._admit_to_pool(engine, items([f"queued {i}" for i in range(4)]))
+
+    def clients() -> None:
+        for i in range(4):
+            time.sleep(gap_s)
+            b.queue.offer(items([f"answered {i}"]), b.estimate)
+
+    sender = threading.Thread(target=clients)
+    sender.start()
+    started = time.monotonic()
+    b._await_answered_clients(engine)
+    waited = time.monotonic() - started
+    sender.join()
+    return len(b._pool), waited
+
+
+def test_the_next_batch_waits_for_the_clients_just_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A closed loop's answered clients send again within a few ms: the pool waits for them
+    (4 queued + 4 answered = one batch of 8, not 4 and 4) while their rate pays for the
+    wait: 1 every 10 ms against a fixed cost of 0.5 s a batch (rate x cost = 50 > 8)."""
+    pooled, waited = answered_clients_return(monkeypatch, gap_s=0.01, fixed_s=0.5)
+    assert pooled == 8
+    assert waited < 0.25  # _FILL_SHARE of the last batch's 1 s
+
+
+def test_the_wait_ends_when_arrivals_are_too_slow_to_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 every 30 ms against a fixed cost of 20 ms a batch (rate x cost = 0.7 < 6 pooled):
+    waiting costs more than a larger batch saves, so the batch starts at the second arrival."""
+    pooled, waited = answered_clients_return(monkeypatch, gap_s=0.03, fixed_s=0.02)
+    assert pooled == 6
+    assert waited < 0.2
+
+
+def test_no_wait_after_a_batch_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One client: nobody else is coming, the next input runs at once."""
+    b = Batcher(Settings(max_batch_size=32, max_queue_size=64))
+    b._last_batch_size, b._last_batch_s = 1, 1.0
+    engine: Any = CountingEngine()
+    b._admit_to_pool(engine, items(["alone"]))
+    started = time.monotonic()
+    b._await_answered_clients(engine)
+    assert time.monotonic() - started < 0.01 and len(b._pool) == 1
