@@ -4,10 +4,12 @@
 phases, each on a fresh server with the storm's settings (``MAX_QUEUE_SIZE=64
 REQUEST_TIMEOUT_S=2``, the 3-sentence input):
 
-- ``storm``: 256 wrk connections resending at once on 503, ``--minutes`` long;
+- ``differing`` (issue 24): 256 wrk connections resending at once on 503, each request another
+  sentence of the held-out corpus (``storm_kinds``' ``differing`` bodies), ``--minutes`` long;
 - ``overload``: open loop (aiohttp, ``loadtest.client.open_loop``) at twice the capacity of 32
-  polite clients, measured first, ``--minutes`` long (latency counted from each request's
-  scheduled time).
+  polite clients, measured first, on the same differing bodies, ``--minutes`` long (latency
+  counted from each request's scheduled time);
+- ``storm`` (issue 14; not in the default phases): as ``differing``, the same body always.
 
 The worker's RSS is sampled every ``--memory-interval`` seconds (10) from the load's start.
 Target (issue 14): RSS at the end within 5% of RSS at half time.
@@ -22,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import client, proc, servers, wrk
-from loadtest.workloads import common, storm
+from loadtest.workloads import common, storm, storm_kinds
 
 NAME = "memory"
-PHASES = ("storm", "overload")
+PHASES = ("differing", "overload")
 GROWTH_TARGET = 0.05
 
 
@@ -85,6 +87,7 @@ def growth(samples: list[tuple[float, int]], total_s: float) -> dict[str, float]
 def phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One phase on a fresh server (module docstring)."""
     body = common.json_body(storm.storm_input())
+    bodies = [body] if name == "storm" else storm_kinds.body_sets(storm.storm_input())["differing"]
     seconds = args.minutes * 60
     env = common.server_env(args, **storm.SETTINGS)
     with servers.pipeline_server(env, args.results / f"{NAME}-{name}.log") as srv:
@@ -94,7 +97,7 @@ def phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
         sampler = RssSampler(srv.worker_pid, args.memory_interval)
         sampler.start()
         try:
-            load = _load(name, srv, body, cap["ok_per_s"], seconds, args)
+            load = _load(name, srv, bodies, cap["ok_per_s"], seconds, args)
         finally:
             samples = sampler.stop()
     res = {"capacity_per_s": cap["ok_per_s"], "seconds": seconds, "load": load}
@@ -113,17 +116,17 @@ def phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def _load(
     name: str,
     srv: servers.Served,
-    body: bytes,
+    bodies: list[bytes],
     capacity_per_s: float,
     seconds: float,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    if name == "storm":
-        run = wrk.run(srv.base + "/", [body], storm.STORM_CLIENTS, seconds, count_statuses=True)
+    if name != "overload":  # a storm: wrk, the next request the moment an answer arrives
+        run = wrk.run(srv.base + "/", bodies, storm.STORM_CLIENTS, seconds, count_statuses=True)
         return {**run.summary(), "shed_per_s": run.per_s(503)}
     rate = args.overload_multiple * capacity_per_s
-    req = client.Request("POST", "/", body, (("Content-Type", common.JSON),))
-    result = client.run(client.open_loop(srv.base, [req], rate, seconds, max_in_flight=1000))
+    reqs = [client.Request("POST", "/", b, (("Content-Type", common.JSON),)) for b in bodies]
+    result = client.run(client.open_loop(srv.base, reqs, rate, seconds, max_in_flight=1000))
     return {"rate_per_s": rate, **result.summary()}
 
 
@@ -145,7 +148,7 @@ def table(result: dict[str, Any]) -> str:
         load = r["load"]
         what = (
             f"{load.get('connections', '')} wrk connections"
-            if name == "storm"
+            if name != "overload"
             else f"open loop {load['rate_per_s']:.0f}/s"
         )
         good = load.get("ok_per_s", load.get("requests_per_s", float("nan")))

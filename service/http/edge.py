@@ -171,7 +171,7 @@ class EdgeProtocol(HttpToolsProtocol):
         # after one large request its connection's next is shed for the guess only while the
         # queue is nearly full.
         self._last_units = 1
-        self._max_guess = max(2, settings.max_queue_size // 8)
+        self._max_guess = max(2, settings.max_queue_size // 8) if settings.shed_head_units else 1
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self._max_connections and not self._close_an_idle_one():
