@@ -105,9 +105,6 @@ class Settings(BaseSettings):
     # The shed budget (service/http/shed_budget.py, issue 24): the share of one core that answering
     # sheds may take; past it, connections that resend at once are not read for a while. 0: off.
     shed_budget_share: float = Field(0.1, ge=0, le=1, allow_inf_nan=False)
-    # Judge a request's head by its connection's last request's units (service/http/edge.py,
-    # issue 24); false: every head as one input, as before (for A/B runs).
-    shed_head_units: bool = True
 
     @field_validator("log_level", "log_format", "pooling", "backend", "dtype", mode="before")
     @classmethod

@@ -20,10 +20,6 @@ ASGI task, middleware or message exists: the app's shed gate leaves itself in th
 state (`HEAD_SHEDDER`) and gives the whole answer (`shed_now`), or None to let the app have the
 request.
 
-A request's head is judged by the units its connection's last request had (one for a first
-request): a client that sends two inputs a request is shed from the head as the queue fills,
-where judging every head as one input let it through to be shed after its body was parsed.
-
 The shed budget (`service.http.shed_budget`, issue 24) bounds what sheds may cost the loop: each 503
 (written here, or by the app: `_AnswerTransport` sees its status line) is charged its CPU, and
 while the budget is spent an inference `POST` on a connection that did not wait for its last
@@ -65,7 +61,6 @@ from service import metrics
 from service.http.framing import Framer, Step
 from service.http.refusals import Refusal, answer, record, throttled
 from service.http.shed_budget import CPU_AT, ShedBudget
-from service.runtime.runtime import EXPECTED_UNITS, UNITS
 from service.settings import Settings, load_settings
 
 log = structlog.get_logger("service.edge")
@@ -165,13 +160,6 @@ class EdgeProtocol(HttpToolsProtocol):
         self._releasing = False  # deciding a request the shed budget held (`_release`)
         self._cpu_since = 0.0  # the loop thread's CPU clock when this read began (the charge)
         self._retry_at = 0.0  # monotonic: the Retry-After of this connection's last shed
-        # The units of this connection's last parsed request: the head's guess for its next
-        # (`Runtime.refusal`), so a storm of two-input requests is shed from the head, before
-        # its body is parsed (issue 24). Capped at an eighth of the queue (at least 2), so that
-        # after one large request its connection's next is shed for the guess only while the
-        # queue is nearly full.
-        self._last_units = 1
-        self._max_guess = max(2, settings.max_queue_size // 8) if settings.shed_head_units else 1
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self._max_connections and not self._close_an_idle_one():
@@ -311,7 +299,6 @@ class EdgeProtocol(HttpToolsProtocol):
         read its answers (writing paused) take the app's path, which waits on the writes."""
         self._unset_keepalive_if_required()  # a request is under way: this connection is busy
         cycle.transport = self._answer_transport  # its close may linger (`_close_after_answer`)
-        cycle.scope["state"][EXPECTED_UNITS] = self._last_units
         shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
         ours = app is self.app and not self._popping and not self.flow.write_paused
         if shedder is not None and ours:
@@ -435,8 +422,6 @@ class EdgeProtocol(HttpToolsProtocol):
         return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
     def on_response_complete(self) -> None:
-        if self.cycle is not None and (units := self.cycle.scope["state"].get(UNITS)):
-            self._last_units = min(units, self._max_guess)
         self._popping = True  # a pipelined request started now takes the app's path
         try:
             super().on_response_complete()

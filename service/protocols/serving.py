@@ -20,7 +20,7 @@ from starlette.responses import Response
 from service.engine.jobs import Job, Op
 from service.engine.model import ModelInfo
 from service.errors import Unauthorized, WrongTask
-from service.runtime.runtime import UNITS, ClientGone, Runtime
+from service.runtime.runtime import ClientGone, Runtime
 from service.settings import Settings
 
 _JSON = "application/json"
@@ -134,7 +134,6 @@ async def serve(request: Request, parse: Parse) -> Response:
         return Response(status_code=499)
     job = parse(body, request.headers.get("content-type"), info, runtime.settings)
     request.scope["state"]["inputs"] = job.inputs
-    request.scope["state"][UNITS] = len(job.units)  # the edge's guess for the next (`refusal`)
     try:
         answers = await runtime.run(job.units, request, deadline, job.paths)
     except ClientGone:

@@ -44,11 +44,6 @@ log = structlog.get_logger("service.runtime")
 
 _SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")  # a plain decimal: no inf, nan, 1e309, 1_0
 _LOADING_RETRY_S = 5  # Retry-After while the model loads or the pod drains (a fixed value)
-# A request's scope state: the units (queued inputs) its job had once parsed (set by `serve`),
-# and the head's guess of them before any body is read (set by the HTTP edge: its connection's
-# last request's units, `service.http.edge`).
-UNITS = "units"
-EXPECTED_UNITS = "expected_units"
 
 
 def arrival(scope: Scope) -> float:
@@ -172,11 +167,8 @@ class Runtime:
 
     def refusal(self, scope: Scope, asked_timeout: bytes | None) -> Unavailable | None:
         """Why a request for model work must be answered 503 from its head alone, or None:
-        draining, not ready, or admission would refuse its expected units (`WorkQueue.refusal`:
-        the scope's `EXPECTED_UNITS`, else one); None also for a bad timeout (its route answers
-        400). The guess errs both ways at no risk to the contract: a request with more units
-        than guessed is counted exactly once parsed (all or none), one with fewer is shed only
-        when the queue has fewer free places than the guess."""
+        draining, not ready, or admission would refuse one input (`WorkQueue.refusal`); None
+        also for a bad timeout (its route answers 400)."""
         try:
             self.model_info()
         except Unavailable as exc:
@@ -185,8 +177,7 @@ class Runtime:
         if timeout is None:
             return None
         batcher = self.batcher
-        expected = scope.get("state", {}).get(EXPECTED_UNITS, 1)
-        return batcher.queue.refusal(expected, arrival(scope) + timeout, batcher.estimate)
+        return batcher.queue.refusal(1, arrival(scope) + timeout, batcher.estimate)
 
     async def receive(self, request: Request, deadline: float) -> bytes:
         """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's
