@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -130,9 +131,21 @@ def preflight(settings: Settings) -> None:
             )
 
 
+# Kernels cached per input shape (issue 24). oneDNN (torch's bfloat16 matmuls on the CPU) and
+# ideep, torch's wrapper of it, each keep compiled kernels and their buffers per shape, 1,024
+# by default; each new (batch, length) shape adds megabytes, so a server seeing ever new
+# shapes grew its RSS for as long as new ones came: 613 -> 1,657 MB over 600 batches of
+# random shapes (1-32 inputs of 4-40 words), against 767 MB when 40 shapes repeat. Both at 64:
+# 765-784 MB over the same 600 batches, as fast (`docs/operations.md`, Memory). Read when the
+# first kernel is made, so set before the first forward; the environment's own values win.
+KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
+
 def load_engine(settings: Settings) -> Engine:
     """Build the pipeline (this takes seconds: inference thread only) and return the engine
     that serves its task (`EncoderEngine` or `PipelineEngine`)."""
+    for name, capacity in KERNEL_CACHES.items():
+        os.environ.setdefault(name, capacity)
     import torch
     from transformers import pipeline
     from transformers.utils import logging as hf_logging

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,18 @@ def test_a_text_the_tokenizer_rejects_fails_alone(
     many = embedder.prepare_many(units)
     assert isinstance(many[0], Prepared) and isinstance(many[2], Prepared)
     assert isinstance(many[1], RuntimeError)
+
+
+def test_loading_caps_the_kernel_caches_unless_the_environment_sets_them(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oneDNN's and ideep's per-shape kernel caches are capped at 64 (`KERNEL_CACHES`: the
+    RSS bound under ever new batch shapes); an operator's own value is kept."""
+    from service.engine.loading import KERNEL_CACHES
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
+    load_engine(Settings(model_id=str(tiny_models["text-classification"])))
+    assert KERNEL_CACHES == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    assert os.environ["LRU_CACHE_CAPACITY"] == "512"
