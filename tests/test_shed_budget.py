@@ -215,23 +215,82 @@ def test_the_budget_off_holds_nothing(full: Full) -> None:
         assert [s for s, _ in answers] == [503] * 3 and max(t for _, t in answers) < AT_ONCE
 
 
-def test_the_bucket_refills_at_its_share_and_releases_in_order() -> None:
-    """Without HTTP: spent by a charge past the burst, the bucket refills at `share` seconds
-    per second; held requests are released in arrival order once it has tokens again."""
+def test_the_bucket_refills_at_its_share() -> None:
+    """Without HTTP: spent by a charge past the burst (debt capped at one burst), the bucket
+    is exhausted until it has refilled at `share` seconds per second."""
 
-    async def scenario() -> tuple[bool, bool, list[int], float]:
-        budget = ShedBudget(share=0.1, burst_s=0.001)
+    async def scenario() -> tuple[bool, float]:
+        budget = ShedBudget(share=0.1, room=lambda: 0, burst_s=0.001)
         budget.charge(0.05)  # charged at most 2 ms; debt is capped at one burst: -1 ms
         spent = budget.exhausted()
+        started = time.monotonic()
+        while budget.exhausted():
+            await asyncio.sleep(0.001)
+        return spent, time.monotonic() - started
+
+    spent, took = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert spent
+    assert 0.009 < took < 0.5  # the debt (1 ms at 0.1 s/s) had to refill first
+
+
+def test_with_room_held_requests_wait_for_room_not_for_the_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without HTTP: with `room`, a refilled bucket releases nothing while the queue has no
+    room (each release would only be shed); room for two releases the two oldest, in order;
+    the last goes when its hold ends, room or not."""
+    monkeypatch.setattr(shed_budget, "_MAX_HOLD_S", 0.4)
+    room = [0]
+
+    def take() -> int:
+        free, room[0] = room[0], 0
+        return free
+
+    async def scenario() -> tuple[list[int], list[int], list[int], float]:
+        budget = ShedBudget(share=0.1, room=take, burst_s=0.001)
+        budget.charge(0.05)
         released: list[int] = []
         started = time.monotonic()
         for i in range(3):
             budget.hold(lambda i=i: released.append(i), time.monotonic() + 5)
+        await asyncio.sleep(0.1)  # the debt (1 ms) refilled after 10 ms
+        while_full = list(released)
+        room[0] = 2
+        await asyncio.sleep(0.05)
+        with_room = list(released)
         while len(released) < 3:
             await asyncio.sleep(0.005)
-        return spent, budget.exhausted(), released, time.monotonic() - started
+        return while_full, with_room, released, time.monotonic() - started
 
-    spent, still, released, took = asyncio.run(asyncio.wait_for(scenario(), 5))
-    assert spent and not still
-    assert released == [0, 1, 2]
-    assert 0.009 < took < 0.5  # the debt (1 ms at 0.1 s/s) had to refill first
+    while_full, with_room, released, took = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert while_full == [] and with_room == [0, 1] and released == [0, 1, 2]
+    assert 0.38 < took < 1.0  # the third waited out its 0.4 s hold
+
+
+def test_the_queue_counts_room_in_requests_of_the_usual_size() -> None:
+    """`WorkQueue.room`: free inputs over the moving mean of admitted requests' inputs."""
+    from service.engine.admission import ServiceTimeEstimate
+    from service.engine.jobs import Op, Unit
+    from service.engine.work_queue import Item, WorkQueue
+
+    queue, estimate = WorkQueue(capacity=10), ServiceTimeEstimate()
+    deadline = time.monotonic() + 60
+
+    def request(n: int) -> list[Item]:
+        return [Item(unit=Unit(op=Op.EMBED, text="x"), deadline=deadline) for _ in range(n)]
+
+    assert queue.room() == 10  # nothing admitted yet: one input a request
+    items: list[Item] = []
+    for _ in range(40):  # two-input requests, each taken at once
+        items += (offered := request(2))
+        queue.offer(offered, estimate)
+        queue.take_new(0)
+        queue.release(2)
+    items += (last := request(2))
+    queue.offer(last, estimate)
+    try:
+        assert queue.depth == 2
+        assert queue.room() == 4  # 8 free inputs, about 2 inputs a request by now
+    finally:
+        for item in items:  # settle the occupancy gauges
+            item.future.set_result(None)

@@ -48,12 +48,19 @@ class WorkQueue:
         self.capacity = capacity
         self._new: deque[Item] = deque()
         self._depth = 0
+        self._inputs_per_request = 1.0  # moving mean over admitted requests (`room`)
         self._cond = threading.Condition()
         self.occupancy = Occupancy(metrics.REQUESTS_WAITING, metrics.REQUESTS_RUNNING)
 
     @property
     def depth(self) -> int:
         return self._depth
+
+    def room(self) -> int:
+        """How many more requests of the usual size fit now: the free inputs over the mean
+        inputs of the requests admitted lately (a moving mean, weight 1/16 a request). Read
+        without the lock, as `refusal` is from the head."""
+        return int((self.capacity - self._depth) / max(1.0, self._inputs_per_request))
 
     def refusal(self, n: int, deadline: float, estimate: ServiceTimeEstimate) -> Overloaded | None:
         """Why `n` more inputs due by `deadline` (monotonic) must be shed now, or None.
@@ -91,6 +98,7 @@ class WorkQueue:
             refusal = self.refusal(len(items), min(i.deadline for i in items), estimate)
             if refusal is not None:
                 raise refusal
+            self._inputs_per_request += (len(items) - self._inputs_per_request) / 16
             tally = self.occupancy.admit([i.future for i in items])
             for item in items:
                 item.tally = tally

@@ -64,7 +64,7 @@ class ShedGate:
         self._purge_at = 0.0
         share = runtime.settings.shed_budget_share
         # What sheds may cost the loop (issue 24); the edge charges and holds (service.http.edge).
-        self.budget = ShedBudget(share) if share > 0 else None
+        self.budget = ShedBudget(share, self._room) if share > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" and "state" in scope:
@@ -129,6 +129,17 @@ class ShedGate:
             return None
         timeout = self.runtime.timeout(headers.get(b"x-request-timeout"))
         return arrival(scope) + (timeout or self.runtime.settings.request_timeout_s)
+
+    def _room(self) -> int:
+        """For the shed budget: how many held requests may go now (the queue's room for them;
+        all while draining, to be answered at once; none until the model is ready)."""
+        if self.runtime.draining:
+            return 1 << 30
+        try:
+            self.runtime.model_info()
+        except Unavailable:
+            return 0
+        return self.runtime.batcher.queue.room()
 
     def _sheddable(self, scope: Scope) -> dict[bytes, bytes] | None:
         """The headers of a request this gate may shed: a `POST` to an inference route,
