@@ -351,3 +351,11 @@ def test_zero_shot_slope_and_body() -> None:
         "inputs": "a text",
         "parameters": {"candidate_labels": ["politics", "sports", "science"]},
     }
+
+
+def test_storm_goodput_is_judged_against_the_capacity_before_and_after() -> None:
+    judged = storm.judge(90.0, {"ok_per_s": 80.0}, {"ok_per_s": 120.0})
+    assert judged["capacity_per_s"] == 100.0
+    assert judged["goodput_over_capacity"] == 0.9
+    assert judged["capacity"] == {"ok_per_s": 80.0}
+    assert judged["capacity_after"] == {"ok_per_s": 120.0}
