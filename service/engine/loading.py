@@ -136,7 +136,7 @@ def preflight(settings: Settings) -> None:
 # by default; each new (batch, length) shape adds megabytes, so a server seeing ever new
 # shapes grew its RSS for as long as new ones came: 613 -> 1,657 MB over 600 batches of
 # random shapes (1-32 inputs of 4-40 words), against 767 MB when 40 shapes repeat. Both at 64:
-# 765-784 MB over the same 600 batches, as fast (`docs/operations.md`, Memory). Read when the
+# 750-784 MB over the same 600 batches, as fast (docs/operations.md, Configuration). Read when the
 # first kernel is made, so set before the first forward; the environment's own values win.
 KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
