@@ -41,6 +41,13 @@ def _own_cpu_s() -> float:
     return float(total)
 
 
+def client_cpu_s() -> float:
+    """CPU seconds of this process (the load clients, the probes) and of its children already
+    waited for (wrk), not of the servers it runs: what the load side took from the machine."""
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system + times.children_user + times.children_system)
+
+
 def snapshot() -> Snapshot:
     """CPU counters now."""
     cpu = psutil.cpu_times()

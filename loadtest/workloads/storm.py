@@ -80,10 +80,15 @@ def capacity(srv: servers.Served, body: bytes | list[bytes], seconds: float) -> 
     shed waits 200 ms before its next request (wrk's ``delay``), as Retry-After asks; without
     it, one shed (deadline-aware admission can shed at 32 clients when the cost estimate runs
     high) starts a resend spin that is a small storm of its own."""
-    before = cpu.snapshot()
+    before, client_s = cpu.snapshot(), cpu.client_cpu_s()
     bodies = body if isinstance(body, list) else [body]
     run = wrk.run(srv.base + "/", bodies, CAPACITY_CLIENTS, seconds, backoff_ms=200)
-    return {**run.summary(), "other_cpu": cpu.foreign_share(before, cpu.snapshot())}
+    after = cpu.snapshot()
+    return {
+        **run.summary(),
+        "other_cpu": cpu.foreign_share(before, after),
+        "client_cores": (cpu.client_cpu_s() - client_s) / max(after.wall_s - before.wall_s, 1e-9),
+    }
 
 
 async def polite(
@@ -130,7 +135,7 @@ async def storm_with_polite(
     tasks.append(asyncio.create_task(storm_kinds.probes(srv.base, stop, probed)))
     counted = storm_kinds.counters(srv.base)
     window = proc.CpuWindow(srv.worker_pid, names)
-    before = cpu.snapshot()
+    before, client_s = cpu.snapshot(), cpu.client_cpu_s()
     window.start()
     try:
         if kind.connections:
@@ -145,7 +150,11 @@ async def storm_with_polite(
         await asyncio.gather(*tasks)
     after = storm_kinds.counters(srv.base)
     res["acted"] = {k: after.get(k, 0.0) - counted.get(k, 0.0) for k in after}
-    res["other_cpu"] = cpu.foreign_share(before, cpu.snapshot())
+    end = cpu.snapshot()
+    res["other_cpu"] = cpu.foreign_share(before, end)
+    # the load side's own CPU (wrk or the open loop, polite clients, probes): on 2 shared cores
+    # it is taken from the server, so goodput against a cheaper capacity run reads low
+    res["client_cores"] = (cpu.client_cpu_s() - client_s) / max(end.wall_s - before.wall_s, 1e-9)
     res.update(split.summary(int(res["requests"]), int(res["ok_per_s"] * args.storm_seconds)))
     by_status: dict[int, int] = {}
     for status, _ in answers:
@@ -248,7 +257,10 @@ def _print(res: dict[str, Any]) -> None:
         f"504s {res['expired_per_s']:.1f}/s; polite {pol['statuses']}, shed p50/p95 "
         f"{common.ms(pol['shed']['p50_ms'])}/{common.ms(pol['shed']['p95_ms'])} ms; probes "
         f"{probes['sent']} ({probes['failed']} failed, max {common.ms(probes['max_ms'])} ms); "
-        f"held {acted.get('held', 0):.0f}, shed CPU {acted.get('shed_cpu_s', 0):.2f} s",
+        f"held {acted.get('held', 0):.0f}, shed CPU {acted.get('shed_cpu_s', 0):.2f} s; cores: "
+        f"loop {res.get('loop_cores', 0):.2f}, model {res.get('inference_cores', 0):.2f}"
+        f"+{res.get('other_cores', 0):.2f}, clients {res['client_cores']:.2f} (capacity run "
+        f"{res['capacity'].get('client_cores', 0):.2f})",
         flush=True,
     )
 
@@ -265,8 +277,8 @@ def table(result: dict[str, Any]) -> str:
         "",
         "| kind | config | round | capacity/s | goodput/s | goodput / capacity | sheds/s | 504/s "
         "| polite: statuses | polite shed p50 / p95 ms | probes sent, failed, max ms "
-        "| held | shed CPU s | loop cores | other CPU |",
-        "|" + " --- |" * 15,
+        "| held | shed CPU s | loop cores | client cores (capacity run) | other CPU |",
+        "|" + " --- |" * 16,
     ]
     for r in sorted(result["rounds"], key=lambda r: (r.get("kind", ""), r["round"], r["config"])):
         pol, probes, acted = r["polite"], r.get("probes", {}), r.get("acted", {})
@@ -279,6 +291,7 @@ def table(result: dict[str, Any]) -> str:
             f"{probes.get('sent', 0)}, {probes.get('failed', 0)}, "
             f"{common.ms(probes.get('max_ms'))} | {acted.get('held', 0):.0f} | "
             f"{acted.get('shed_cpu_s', 0):.2f} | {r.get('loop_cores', 0):.2f} | "
+            f"{r.get('client_cores', 0):.2f} ({r['capacity'].get('client_cores', 0):.2f}) | "
             f"{r.get('other_cpu', 0):.0%} |"
         )
     lines += ["", f"Target (issues 14, 24): goodput / capacity >= {GOODPUT_TARGET} in each kind."]

@@ -261,10 +261,11 @@ def test_burst_and_storm_tables() -> None:
         shed_per_s=900.0,
         expired_per_s=2.0,
         loop_cores=0.4,
+        client_cores=0.6,
         polite={"statuses": {503: 3}, "shed": lat, "ok": lat},
         probes={"sent": 40, "failed": 0, "max_ms": 7.25},
         acted={"held": 120.0, "shed_cpu_s": 1.5},
-        capacity={"statuses": {"503": 4, "200": 90}, "other_cpu": 0.05},
+        capacity={"statuses": {"503": 4, "200": 90}, "other_cpu": 0.05, "client_cores": 0.2},
     )
     text = storm.table(
         {
@@ -275,7 +276,7 @@ def test_burst_and_storm_tables() -> None:
     )
     assert (
         "| differing | A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 | {503: 3} | 5.0 / 9.0 "
-        "| 40, 0, 7.2 | 120 | 1.50 | 0.40 | 1% |" in text
+        "| 40, 0, 7.2 | 120 | 1.50 | 0.40 | 0.60 (0.20) | 1% |" in text
     )
 
 

@@ -38,6 +38,8 @@ def test_storm_counts_goodput_and_sheds(tmp_path: Path) -> None:
         assert rnd["statuses"] and set(rnd["polite"]["statuses"]) <= {200, 503, 504}
         assert rnd["probes"]["sent"] > 5 and rnd["probes"]["failed"] == 0
         assert rnd["acted"]["sheds"] > 0 and "loop_ms_per_request" in rnd
+        # the load side's CPU: wrk (a waited child) or the open loop in this process
+        assert rnd["client_cores"] > 0 and rnd["capacity"]["client_cores"] > 0
 
 
 def test_memory_samples_rss(tmp_path: Path) -> None:
