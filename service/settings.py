@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     max_connections: int = Field(900, ge=1)
     # The shed budget (service/http/shed_budget.py, issue 24): the share of one core that answering
     # sheds may take; past it, connections that resend at once are not read for a while. 0: off.
-    shed_budget_share: float = Field(0.1, ge=0, le=1, allow_inf_nan=False)
+    shed_budget_share: float = Field(0.05, ge=0, le=1, allow_inf_nan=False)
 
     @field_validator("log_level", "log_format", "pooling", "backend", "dtype", mode="before")
     @classmethod
