@@ -220,7 +220,7 @@ def test_the_bucket_refills_at_its_share() -> None:
     is exhausted until it has refilled at `share` seconds per second."""
 
     async def scenario() -> tuple[bool, float]:
-        budget = ShedBudget(share=0.1, room=lambda: 0, burst_s=0.001)
+        budget = ShedBudget(share=0.1, room=lambda deadline: 0, burst_s=0.001)
         budget.charge(0.05)  # charged at most 2 ms; debt is capped at one burst: -1 ms
         spent = budget.exhausted()
         started = time.monotonic()
@@ -238,11 +238,15 @@ def test_with_room_held_requests_wait_for_room_not_for_the_bucket(
 ) -> None:
     """Without HTTP: with `room`, a refilled bucket releases nothing while the queue has no
     room (each release would only be shed); room for two releases the two oldest, in order;
-    the last goes when its hold ends, room or not."""
+    the last goes when its hold ends, room or not. `room` is asked with the oldest held
+    request's deadline."""
     monkeypatch.setattr(shed_budget, "_MAX_HOLD_S", 0.4)
     room = [0]
+    asked: list[float] = []
+    due = [time.monotonic() + 5 + i for i in range(3)]
 
-    def take() -> int:
+    def take(deadline: float) -> int:
+        asked.append(deadline)
         free, room[0] = room[0], 0
         return free
 
@@ -252,7 +256,7 @@ def test_with_room_held_requests_wait_for_room_not_for_the_bucket(
         released: list[int] = []
         started = time.monotonic()
         for i in range(3):
-            budget.hold(lambda i=i: released.append(i), time.monotonic() + 5)
+            budget.hold(lambda i=i: released.append(i), due[i])
         await asyncio.sleep(0.1)  # the debt (1 ms) refilled after 10 ms
         while_full = list(released)
         room[0] = 2
@@ -265,6 +269,7 @@ def test_with_room_held_requests_wait_for_room_not_for_the_bucket(
     while_full, with_room, released, took = asyncio.run(asyncio.wait_for(scenario(), 5))
     assert while_full == [] and with_room == [0, 1] and released == [0, 1, 2]
     assert 0.38 < took < 1.0  # the third waited out its 0.4 s hold
+    assert asked[0] == due[0] and asked[-1] == due[2]  # the oldest's, then the last one's
 
 
 def test_the_queue_counts_room_in_requests_of_the_usual_size() -> None:
@@ -291,6 +296,34 @@ def test_the_queue_counts_room_in_requests_of_the_usual_size() -> None:
     try:
         assert queue.depth == 2
         assert queue.room() == 4  # 8 free inputs, about 2 inputs a request by now
+    finally:
+        for item in items:  # settle the occupancy gauges
+            item.future.set_result(None)
+
+
+def test_a_queue_with_places_a_deadline_cannot_use_has_no_room() -> None:
+    """`WorkQueue.room_by`: free places count as room only while a usual request due by the
+    deadline would be admitted; a slow model (a predicted wait past it) leaves none, so held
+    requests are not released into a shed for their deadline (the storm workload on a machine
+    running at half speed: released, shed, resent and held again, 1,341 sheds a second)."""
+    from service.engine.admission import ServiceTimeEstimate
+    from service.engine.jobs import Op, Unit
+    from service.engine.work_queue import Item, WorkQueue
+
+    queue = WorkQueue(capacity=10)
+    fast = ServiceTimeEstimate(sec_per_token=1e-6, tokens_per_input=10.0)
+    slow = ServiceTimeEstimate(sec_per_token=1e-2, tokens_per_input=10.0)  # ~0.1 s an input
+    now = time.monotonic()
+    items = [Item(unit=Unit(op=Op.EMBED, text="x"), deadline=now + 60) for _ in range(4)]
+    for item in items:  # four one-input requests
+        queue.offer([item], fast)
+    try:
+        assert queue.room() == 6
+        assert queue.room_by(now + 2, fast) == 6
+        # 4 inputs ahead, one's own and a batch's overhead (64 tokens) at 0.01 s a token: 1.14 s
+        assert queue.room_by(now + 2, slow) == 6
+        assert queue.room_by(now + 0.5, slow) == 0
+        assert queue.refusal(1, now + 0.5, slow) is not None  # what admission would say
     finally:
         for item in items:  # settle the occupancy gauges
             item.future.set_result(None)

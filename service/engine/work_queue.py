@@ -62,6 +62,16 @@ class WorkQueue:
         without the lock, as `refusal` is from the head."""
         return int((self.capacity - self._depth) / max(1.0, self._inputs_per_request))
 
+    def room_by(self, deadline: float, estimate: ServiceTimeEstimate) -> int:
+        """`room()`, or 0 while a request of the usual size due by `deadline` (monotonic s)
+        would be refused for its predicted wait (`refusal`): on a slow machine the queue can
+        have free places that a deadline cannot use."""
+        room = self.room()
+        usual = max(1, round(self._inputs_per_request))
+        if room > 0 and self.refusal(usual, deadline, estimate) is not None:
+            return 0
+        return room
+
     def refusal(self, n: int, deadline: float, estimate: ServiceTimeEstimate) -> Overloaded | None:
         """Why `n` more inputs due by `deadline` (monotonic) must be shed now, or None.
 

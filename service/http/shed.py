@@ -130,16 +130,18 @@ class ShedGate:
         timeout = self.runtime.timeout(headers.get(b"x-request-timeout"))
         return arrival(scope) + (timeout or self.runtime.settings.request_timeout_s)
 
-    def _room(self) -> int:
-        """For the shed budget: how many held requests may go now (the queue's room for them;
-        all while draining, to be answered at once; none until the model is ready)."""
+    def _room(self, deadline: float) -> int:
+        """For the shed budget: how many held requests may go now, the oldest due by `deadline`
+        (the queue's room for them, none while their deadline could not be met; all while
+        draining, to be answered at once; none until the model is ready)."""
         if self.runtime.draining:
             return 1 << 30
         try:
             self.runtime.model_info()
         except Unavailable:
             return 0
-        return self.runtime.batcher.queue.room()
+        batcher = self.runtime.batcher
+        return batcher.queue.room_by(deadline, batcher.estimate)
 
     def _sheddable(self, scope: Scope) -> dict[bytes, bytes] | None:
         """The headers of a request this gate may shed: a `POST` to an inference route,

@@ -17,7 +17,8 @@ The rule
   connection stops being read (`pause_reading`; the kernel's socket buffers and the client's
   own wait push back) and it is held, first in first out.
 - Held requests are released, oldest first, as the queue has room for them (`room`: free
-  inputs over the inputs of a usual request, looked at every `_ROOM_TICK_S`), or when they have
+  inputs over the inputs of a usual request, none while a usual request due by the oldest's
+  deadline would be shed for its predicted wait; looked at every `_ROOM_TICK_S`), or when they have
   waited `_MAX_HOLD_S` (1 s) or their deadline passes, room or not: each is decided again with
   the deadline it has left (admitted if its inputs fit by then, else shed, and charged), and
   its connection is read again. A refilled bucket releases nothing by itself: while the queue
@@ -75,14 +76,18 @@ CPU_AT = "service.http.shed_budget.cpu_at"
 class _Held(NamedTuple):
     release: Callable[[], None]  # decide the request again and read its connection again
     latest: float  # monotonic: release by then, whatever the budget
+    deadline: float  # monotonic: the request's own deadline
 
 
 class ShedBudget:
     """The bucket and the held requests of one event loop. `share`: loop CPU seconds per second
-    that sheds may take (> 0); `room()`: how many held requests the queue can take now. Not
-    thread-safe: the loop's thread only."""
+    that sheds may take (> 0); `room(deadline)`: how many held requests the queue would admit
+    now, the oldest being due by `deadline` (monotonic s). Not thread-safe: the loop's thread
+    only."""
 
-    def __init__(self, share: float, room: Callable[[], int], burst_s: float | None = None) -> None:
+    def __init__(
+        self, share: float, room: Callable[[float], int], burst_s: float | None = None
+    ) -> None:
         self.share = share
         self._room = room
         self.burst_s = _BURST_S if burst_s is None else burst_s
@@ -105,7 +110,8 @@ class ShedBudget:
     def hold(self, release: Callable[[], None], deadline: float) -> None:
         """Hold a request: `release()` is called once, in arrival order, when the queue has
         room, after `_MAX_HOLD_S` or at `deadline` (monotonic s), whichever comes first."""
-        self._held.append(_Held(release, min(deadline, time.monotonic() + _MAX_HOLD_S)))
+        latest = min(deadline, time.monotonic() + _MAX_HOLD_S)
+        self._held.append(_Held(release, latest, deadline))
         metrics.READS_PAUSED.set(len(self._held))
         self._schedule()
 
@@ -133,7 +139,7 @@ class ShedBudget:
         self._timer = None
         try:
             now = time.monotonic()
-            room = self._room()
+            room = self._room(self._held[0].deadline) if self._held else 0
             while self._held and (room > 0 or self._held[0].latest <= now):
                 room -= 1
                 self._held.popleft().release()
