@@ -21,38 +21,42 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Wall clock (s), CPU seconds busy on the whole machine, and used by our process tree."""
+    """Wall clock (s), CPU seconds busy on the whole machine, used by our process tree, and
+    used by the load side alone: this process (the load clients, the probes) and its children
+    already waited for (wrk), not the servers it runs."""
 
     wall_s: float
     machine_busy_s: float
     own_s: float
+    client_s: float
 
 
-def _own_cpu_s() -> float:
+def _cpu_s() -> tuple[float, float]:
+    """(our process tree's CPU seconds, the load side's: this process and its waited children)."""
     me = psutil.Process()
     times = me.cpu_times()  # includes children already waited for (the limit subprocess)
-    total = times.user + times.system + times.children_user + times.children_system
+    client = times.user + times.system + times.children_user + times.children_system
+    total = client
     for child in me.children(recursive=True):
         try:
             child_times = child.cpu_times()
             total += child_times.user + child_times.system
         except psutil.Error:  # it exited between listing and reading
             pass
-    return float(total)
-
-
-def client_cpu_s() -> float:
-    """CPU seconds of this process (the load clients, the probes) and of its children already
-    waited for (wrk), not of the servers it runs: what the load side took from the machine."""
-    times = psutil.Process().cpu_times()
-    return float(times.user + times.system + times.children_user + times.children_system)
+    return float(total), float(client)
 
 
 def snapshot() -> Snapshot:
     """CPU counters now."""
     cpu = psutil.cpu_times()
     busy = sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
-    return Snapshot(time.monotonic(), busy, _own_cpu_s())
+    return Snapshot(time.monotonic(), busy, *_cpu_s())
+
+
+def client_cores(before: Snapshot, after: Snapshot) -> float:
+    """Cores the load side used between two snapshots: on 2 shared cores they are taken from
+    the server, so goodput against a cheaper capacity run reads low by about that much."""
+    return (after.client_s - before.client_s) / max(after.wall_s - before.wall_s, 1e-9)
 
 
 def foreign_share(before: Snapshot, after: Snapshot) -> float:

@@ -80,14 +80,14 @@ def capacity(srv: servers.Served, body: bytes | list[bytes], seconds: float) -> 
     shed waits 200 ms before its next request (wrk's ``delay``), as Retry-After asks; without
     it, one shed (deadline-aware admission can shed at 32 clients when the cost estimate runs
     high) starts a resend spin that is a small storm of its own."""
-    before, client_s = cpu.snapshot(), cpu.client_cpu_s()
+    before = cpu.snapshot()
     bodies = body if isinstance(body, list) else [body]
     run = wrk.run(srv.base + "/", bodies, CAPACITY_CLIENTS, seconds, backoff_ms=200)
     after = cpu.snapshot()
     return {
         **run.summary(),
         "other_cpu": cpu.foreign_share(before, after),
-        "client_cores": (cpu.client_cpu_s() - client_s) / max(after.wall_s - before.wall_s, 1e-9),
+        "client_cores": cpu.client_cores(before, after),
     }
 
 
@@ -135,7 +135,7 @@ async def storm_with_polite(
     tasks.append(asyncio.create_task(storm_kinds.probes(srv.base, stop, probed)))
     counted = storm_kinds.counters(srv.base)
     window = proc.CpuWindow(srv.worker_pid, names)
-    before, client_s = cpu.snapshot(), cpu.client_cpu_s()
+    before = cpu.snapshot()
     window.start()
     try:
         if kind.connections:
@@ -152,9 +152,7 @@ async def storm_with_polite(
     res["acted"] = {k: after.get(k, 0.0) - counted.get(k, 0.0) for k in after}
     end = cpu.snapshot()
     res["other_cpu"] = cpu.foreign_share(before, end)
-    # the load side's own CPU (wrk or the open loop, polite clients, probes): on 2 shared cores
-    # it is taken from the server, so goodput against a cheaper capacity run reads low
-    res["client_cores"] = (cpu.client_cpu_s() - client_s) / max(end.wall_s - before.wall_s, 1e-9)
+    res["client_cores"] = cpu.client_cores(before, end)  # wrk or the open loop, polite, probes
     res.update(split.summary(int(res["requests"]), int(res["ok_per_s"] * args.storm_seconds)))
     by_status: dict[int, int] = {}
     for status, _ in answers:
@@ -185,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.ab:
         configs["B"] = {**configs["A"], **servers.parse_env(args.ab)}
     rounds: list[dict[str, Any]] = []
+    seconds = 4 if args.quick else 6  # each capacity measurement
     with contextlib.ExitStack() as stack:
         started = {
             name: stack.enter_context(
@@ -200,7 +199,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # and B get the same arrivals (a disturbed capacity would change B's load).
             yardstick: dict[str, float] = {}
             for name, srv in started.items():
-                seconds = 4 if args.quick else 6
                 after: dict[str, Any] | None = None  # the last kind's capacity after its storm
                 previous = ""
                 for kind in kinds:
