@@ -21,6 +21,9 @@ import httpx
 import pytest
 from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
+from service.engine.admission import ServiceTimeEstimate
+from service.engine.jobs import Op, Unit
+from service.engine.work_queue import Item, WorkQueue
 from service.http import shed_budget
 from service.http.shed_budget import ShedBudget
 from service.settings import Settings
@@ -274,10 +277,6 @@ def test_with_room_held_requests_wait_for_room_not_for_the_bucket(
 
 def test_the_queue_counts_room_in_requests_of_the_usual_size() -> None:
     """`WorkQueue.room`: free inputs over the moving mean of admitted requests' inputs."""
-    from service.engine.admission import ServiceTimeEstimate
-    from service.engine.jobs import Op, Unit
-    from service.engine.work_queue import Item, WorkQueue
-
     queue, estimate = WorkQueue(capacity=10), ServiceTimeEstimate()
     deadline = time.monotonic() + 60
 
@@ -304,12 +303,9 @@ def test_the_queue_counts_room_in_requests_of_the_usual_size() -> None:
 def test_a_queue_with_places_a_deadline_cannot_use_has_no_room() -> None:
     """`WorkQueue.room_by`: free places count as room only while a usual request due by the
     deadline would be admitted; a slow model (a predicted wait past it) leaves none, so held
-    requests are not released into a shed for their deadline (the storm workload on a machine
-    running at half speed: released, shed, resent and held again, 1,341 sheds a second)."""
-    from service.engine.admission import ServiceTimeEstimate
-    from service.engine.jobs import Op, Unit
-    from service.engine.work_queue import Item, WorkQueue
-
+    requests are not released into a shed for their deadline (released, shed, resent and held
+    again: the likely path of 1,341 sheds a second in a storm on a machine that lost a quarter
+    of its CPU to the host, docs/overload.md)."""
     queue = WorkQueue(capacity=10)
     fast = ServiceTimeEstimate(sec_per_token=1e-6, tokens_per_input=10.0)
     slow = ServiceTimeEstimate(sec_per_token=1e-2, tokens_per_input=10.0)  # ~0.1 s an input
