@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -152,7 +152,25 @@ async def open_loop(
     duration_s: float,
     max_in_flight: int = 2000,
 ) -> Result:
-    """Send at a fixed arrival rate for ``duration_s``, whatever the answers do.
+    """Send at a fixed arrival rate for ``duration_s``, whatever the answers do (aiohttp, at
+    most ``max_in_flight`` keep-alive connections; :func:`arrivals` for the schedule, the
+    latency and what is dropped). ``loadtest.rawhttp.open_loop`` is the cheaper client."""
+    async with session(max_in_flight) as http:
+        return await arrivals(
+            lambda req: send(http, base, req), requests, rate_per_s, duration_s, max_in_flight
+        )
+
+
+async def arrivals(
+    send_one: Callable[[Request], Awaitable[int]],
+    requests: Sequence[Request],
+    rate_per_s: float,
+    duration_s: float,
+    max_in_flight: int,
+) -> Result:
+    """Open-loop arrivals: ``requests`` in turn, one each ``1 / rate_per_s`` seconds for
+    ``duration_s``, each sent by ``send_one`` (which returns the status, 0 on a connection
+    error) without waiting for the answers before it.
 
     Latency counts from each request's scheduled send time, so a slow client or server cannot
     hide queueing (no coordinated omission). Arrivals beyond ``max_in_flight`` are counted as
@@ -161,23 +179,22 @@ async def open_loop(
     result = Result(elapsed_s=duration_s)
     total = int(rate_per_s * duration_s)
 
-    async def one(http: aiohttp.ClientSession, req: Request, scheduled: float) -> None:
-        status = await send(http, base, req)
+    async def one(req: Request, scheduled: float) -> None:
+        status = await send_one(req)
         result.answers.append((status, time.perf_counter() - scheduled, req.inputs))
 
-    async with session(max_in_flight) as http:
-        tasks: set[asyncio.Task[None]] = set()
-        start = time.perf_counter()
-        for k in range(total):
-            scheduled = start + k / rate_per_s
-            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-            if len(tasks) >= max_in_flight:
-                result.dropped += 1
-                continue
-            task = asyncio.create_task(one(http, requests[k % len(requests)], scheduled))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        await asyncio.gather(*tasks)
+    tasks: set[asyncio.Task[None]] = set()
+    start = time.perf_counter()
+    for k in range(total):
+        scheduled = start + k / rate_per_s
+        await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+        if len(tasks) >= max_in_flight:
+            result.dropped += 1
+            continue
+        task = asyncio.create_task(one(requests[k % len(requests)], scheduled))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
     return result
 
 

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import pytest
 from aiohttp import web
 
 from loadtest import client, rawhttp
@@ -55,15 +56,20 @@ def test_closed_loop_counts_answers_inside_its_window() -> None:
     assert 0.2 < summary["shed_rate"] < 0.45
 
 
-def test_open_loop_sends_at_its_rate_and_drops_beyond_max_in_flight() -> None:
-    reqs = [client.raw_text("x")]
-    steady = asyncio.run(_with_stub(0.005, lambda base: client.open_loop(base, reqs, 100, 1.0)))
+@pytest.mark.parametrize("open_loop", [client.open_loop, rawhttp.open_loop], ids=["aiohttp", "raw"])
+def test_open_loop_sends_at_its_rate_and_drops_beyond_max_in_flight(
+    open_loop: Callable[..., Awaitable[client.Result]],
+) -> None:
+    reqs = [client.raw_text("x"), client.raw_text("a second body")]
+    steady = asyncio.run(_with_stub(0.005, lambda base: open_loop(base, reqs, 100, 1.0)))
     assert len(steady.answers) == 100 and steady.dropped == 0
+    assert steady.statuses() == {200: 67, 503: 33}  # the stub sheds every third
     assert steady.summary(deadline_s=1.0)["goodput_per_s"] > 50
     crowded = asyncio.run(
-        _with_stub(0.5, lambda base: client.open_loop(base, reqs, 100, 0.5, max_in_flight=5))
+        _with_stub(0.5, lambda base: open_loop(base, reqs, 100, 0.5, max_in_flight=5))
     )
     assert crowded.dropped > 0 and len(crowded.answers) + crowded.dropped == 50
+    assert len(crowded.answers) >= 5 and set(crowded.statuses()) <= {200, 503}
 
 
 def test_probe_stops_when_told() -> None:
