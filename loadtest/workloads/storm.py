@@ -12,7 +12,9 @@ a 503: :func:`capacity`), measured just before and just after the storm and aver
 probes (/livez, /readyz, /metrics every 100 ms, a fresh connection each). Goodput is 200s per
 second during the storm; target (issues 14, 24): goodput / capacity >= 0.8 in each kind.
 The server's counters before and after say which mechanism acted (sheds, held requests, the
-loop CPU sheds took).
+loop CPU sheds took). A storm during which other processes (host steal included) took more
+than ``--max-other-cpu`` of the machine, in it or in either capacity run, is measured again,
+at most ``--retries`` times (:func:`measured`); the table gives the most they took.
 
 ``--ab KEY=VALUE`` (repeatable) runs two servers, A (the settings above plus ``--env``) and B
 (A plus these), and alternates the rounds A, B, A, B, so a mechanism can be A/B'd in one run.
@@ -183,7 +185,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.ab:
         configs["B"] = {**configs["A"], **servers.parse_env(args.ab)}
     rounds: list[dict[str, Any]] = []
-    seconds = 4 if args.quick else 6  # each capacity measurement
     with contextlib.ExitStack() as stack:
         started = {
             name: stack.enter_context(
@@ -202,20 +203,79 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 after: dict[str, Any] | None = None  # the last kind's capacity after its storm
                 previous = ""
                 for kind in kinds:
-                    bodies = sets[kind.bodies]
-                    before = after if previous == kind.bodies else None
-                    if before is None:
-                        before = capacity(srv, bodies, seconds)
-                        time.sleep(1)
-                    yardstick.setdefault(kind.bodies, before["ok_per_s"])
-                    rate = kind.open_factor * yardstick[kind.bodies]
-                    point = one_round(srv, kind, bodies, rate, args, names[name])
-                    after, previous = capacity(srv, bodies, seconds), kind.bodies
-                    time.sleep(1)
-                    point.update(judge(point["ok_per_s"], before, after))
+                    reuse = after if previous == kind.bodies else None
+                    sets_yardstick = name == next(iter(started))
+                    point, after = measured(
+                        srv,
+                        kind,
+                        sets[kind.bodies],
+                        reuse,
+                        yardstick,
+                        sets_yardstick,
+                        args,
+                        names[name],
+                    )
+                    previous = kind.bodies
                     rounds.append({**point, "config": name, "round": rnd, "kind": kind.name})
                     _print(rounds[-1])
     return {"configs": configs, "input": storm_input(), "rounds": rounds}
+
+
+def measured(
+    srv: servers.Served,
+    kind: Kind,
+    bodies: list[bytes],
+    reuse: dict[str, Any] | None,
+    yardstick: dict[str, float],
+    sets_yardstick: bool,
+    args: argparse.Namespace,
+    names: dict[int, str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One storm judged (:func:`judge`) against the capacity before it (``reuse``: the previous
+    kind's capacity after, on the same bodies; else measured) and after it. Measured again,
+    capacity before included, when other processes took more of the CPU than
+    ``--max-other-cpu`` (:func:`disturbed`), at most ``--retries`` times, as every other
+    benchmark point; the least disturbed attempt is kept, with ``attempts``. Returns it and the
+    last capacity measured after (the next kind's ``reuse``)."""
+    quiet = common.quiet(args)
+    seconds = 4 if args.quick else 6  # each capacity measurement
+    kept: dict[str, Any] | None = None
+    for attempt in range(1, quiet.retries + 2):
+        before = reuse or capacity(srv, bodies, seconds)
+        if reuse is None:
+            time.sleep(1)
+            if sets_yardstick:
+                yardstick[kind.bodies] = before["ok_per_s"]
+        point = one_round(srv, kind, bodies, kind.open_factor * yardstick[kind.bodies], args, names)
+        after = capacity(srv, bodies, seconds)
+        time.sleep(1)
+        point.update(judge(point["ok_per_s"], before, after))
+        if kept is None or disturbed(point) < disturbed(kept):
+            kept = point
+        if disturbed(point) <= quiet.max_other_cpu or attempt > quiet.retries:
+            break
+        print(
+            f"  {kind.name}: other processes took {disturbed(point):.0%} of the CPU; again",
+            flush=True,
+        )
+        reuse = None
+        cpu.wait_quiet(quiet.wait_s)
+    assert kept is not None
+    kept["attempts"] = attempt
+    return kept, after
+
+
+def disturbed(point: dict[str, Any]) -> float:
+    """The most CPU (0-1 of the machine) other processes took in the storm or either of its
+    capacity measurements (host steal included: it counts as busy time none of ours used)."""
+    parts = (point, point.get("capacity", {}), point.get("capacity_after", {}))
+    return float(max(p.get("other_cpu", 0.0) for p in parts))
+
+
+def _other(point: dict[str, Any]) -> str:
+    """The table's other-CPU cell: :func:`disturbed`, and the attempts when more than one."""
+    attempts = point.get("attempts", 1)
+    return f"{disturbed(point):.0%}" + (f" ({attempts} attempts)" if attempts > 1 else "")
 
 
 def one_round(
@@ -258,7 +318,7 @@ def _print(res: dict[str, Any]) -> None:
         f"held {acted.get('held', 0):.0f}, shed CPU {acted.get('shed_cpu_s', 0):.2f} s; cores: "
         f"loop {res.get('loop_cores', 0):.2f}, model {res.get('inference_cores', 0):.2f}"
         f"+{res.get('other_cores', 0):.2f}, clients {res['client_cores']:.2f} (capacity run "
-        f"{res['capacity'].get('client_cores', 0):.2f})",
+        f"{res['capacity'].get('client_cores', 0):.2f}); other CPU {_other(res)}",
         flush=True,
     )
 
@@ -275,7 +335,7 @@ def table(result: dict[str, Any]) -> str:
         "",
         "| kind | config | round | capacity/s | goodput/s | goodput / capacity | sheds/s | 504/s "
         "| polite: statuses | polite shed p50 / p95 ms | probes sent, failed, max ms "
-        "| held | shed CPU s | loop cores | client cores (capacity run) | other CPU |",
+        "| held | shed CPU s | loop cores | client cores (capacity run) | other CPU (most) |",
         "|" + " --- |" * 16,
     ]
     for r in sorted(result["rounds"], key=lambda r: (r.get("kind", ""), r["round"], r["config"])):
@@ -290,7 +350,7 @@ def table(result: dict[str, Any]) -> str:
             f"{common.ms(probes.get('max_ms'))} | {acted.get('held', 0):.0f} | "
             f"{acted.get('shed_cpu_s', 0):.2f} | {r.get('loop_cores', 0):.2f} | "
             f"{r.get('client_cores', 0):.2f} ({r['capacity'].get('client_cores', 0):.2f}) | "
-            f"{r.get('other_cpu', 0):.0%} |"
+            f"{_other(r)} |"
         )
     lines += ["", f"Target (issues 14, 24): goodput / capacity >= {GOODPUT_TARGET} in each kind."]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from loadtest import corpus, proc, pyspy, servers
+from loadtest.bench import parse_args
 from loadtest.workloads import (
     ORDER,
     WORKLOADS,
@@ -175,8 +176,6 @@ def test_storm_input_is_three_sentences() -> None:
 
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
-    from loadtest.bench import parse_args
-
     assert ORDER[0] == "mixed" and set(ORDER) == set(WORKLOADS)
     args = parse_args(["--only", "storm,burst", "--quick", "--ab", "X=1"])
     assert args.only == ["storm", "burst"] and args.storm_rounds == 2 and args.burst_count == 4
@@ -276,8 +275,47 @@ def test_burst_and_storm_tables() -> None:
     )
     assert (
         "| differing | A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 | {503: 3} | 5.0 / 9.0 "
-        "| 40, 0, 7.2 | 120 | 1.50 | 0.40 | 0.60 (0.20) | 1% |" in text
+        "| 40, 0, 7.2 | 120 | 1.50 | 0.40 | 0.60 (0.20) | 5% |" in text  # the capacity run's
     )
+    retried = storm.table({"args": {}, "configs": {"A": {}}, "rounds": [{**rnd, "attempts": 3}]})
+    assert "| 0.60 (0.20) | 5% (3 attempts) |" in retried
+
+
+def test_a_disturbed_storm_is_measured_again_and_the_quietest_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Other CPU over --max-other-cpu in the storm or either capacity run: measured again,
+    capacity before included, at most --retries times; the least disturbed attempt is kept."""
+    other = iter([0.30, 0.0, 0.0, 0.05, 0.0, 0.0, 0.20, 0.0, 0.0])  # storm, after, before...
+    measured_capacity: list[float] = []
+
+    def capacity(srv: object, bodies: object, seconds: float) -> dict[str, Any]:
+        measured_capacity.append(seconds)
+        return {"ok_per_s": 100.0, "other_cpu": next(other)}
+
+    def one_round(*_: object) -> dict[str, Any]:
+        return {"ok_per_s": 90.0, "other_cpu": next(other)}
+
+    waits: list[float] = []
+    monkeypatch.setattr(storm, "capacity", capacity)
+    monkeypatch.setattr(storm, "one_round", one_round)
+    monkeypatch.setattr(storm.time, "sleep", lambda s: None)
+    monkeypatch.setattr(storm.cpu, "wait_quiet", waits.append)
+    kind = storm_kinds.KINDS[1]
+    reuse = {"ok_per_s": 100.0, "other_cpu": 0.0}
+    args = parse_args(["--only", "storm", "--retries", "2", "--max-other-cpu", "0.1"])
+    yardstick = {kind.bodies: 50.0}  # the open loop's, set by the kind before on these bodies
+    point, after = storm.measured(object(), kind, [], reuse, yardstick, True, args, {})  # type: ignore[arg-type]
+    # attempt 1, capacity before reused: storm 30%, after 0% -> again; attempt 2: before 0%,
+    # storm 5%, after 0% -> kept; the rest is never read
+    assert point["attempts"] == 2 and storm.disturbed(point) == pytest.approx(0.05)
+    assert len(measured_capacity) == 3 and len(waits) == 1
+    assert yardstick == {kind.bodies: 100.0}  # the fresh capacity before sets it again
+    assert after is point["capacity_after"]
+    args0 = parse_args(["--only", "storm", "--retries", "0", "--max-other-cpu", "0.1"])
+    other = iter([0.30, 0.0])
+    point, _ = storm.measured(object(), kind, [], reuse, {"differing": 1.0}, False, args0, {})  # type: ignore[arg-type]
+    assert point["attempts"] == 1 and storm.disturbed(point) == pytest.approx(0.30)
 
 
 def test_storm_body_sets_differ_and_leave_out_the_same_body() -> None:
