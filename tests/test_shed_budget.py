@@ -115,9 +115,9 @@ def _probe(url: str) -> dict[str, float]:
 def test_a_spent_budget_holds_an_impatient_connection_then_reads_it_again(full: Full) -> None:
     """Budget spent by the first shed (no burst): the connection's next request, sent at once,
     is not answered while held (its connection not read, `reads_paused` 1), and is shed when
-    its hold ends; the connection is read again: a request after a polite wait (Retry-After,
-    1 s) is answered at once. Meanwhile a fresh connection's first request and the probes are
-    answered at once."""
+    its hold ends; the connection is read again, and its next request, still impatient, is
+    held twice as long. A request after a polite wait (Retry-After, 1 s) is answered at once.
+    Meanwhile a fresh connection's first request and the probes are answered at once."""
 
     async def scenario(url: str) -> tuple[list[Answer], Answer, dict[str, float], float]:
         _filled = await _fill(url)
@@ -139,7 +139,7 @@ def test_a_spent_budget_holds_an_impatient_connection_then_reads_it_again(full: 
         (s1, t1), (s2, t2), (s3, t3), (s4, t4), (s5, t5) = answers
         assert s1 == 503 and t1 < AT_ONCE  # a first request: at once
         assert s2 == 503 and HOLD_S - 0.1 < t2 < HOLD_S + 1.0, t2  # held, then shed
-        assert s3 == 503 and HOLD_S - 0.1 < t3 < HOLD_S + 1.0, t3  # still impatient: held
+        assert s3 == 503 and 2 * HOLD_S - 0.1 < t3 < 2 * HOLD_S + 1.0, t3  # held twice as long
         assert paused == 1
         assert fresh[0] == 503 and fresh[1] < AT_ONCE, fresh  # another client: at once
         assert all(t < AT_ONCE for t in probes.values()), probes
@@ -148,6 +148,44 @@ def test_a_spent_budget_holds_an_impatient_connection_then_reads_it_again(full: 
         assert sample("pipeline_server_shed_cpu_seconds_total") > cpu_before
         assert sample("pipeline_server_reads_paused") == 0
         assert not {"one", "another", "a third"} & set(recorder.ran)
+
+
+def test_a_connection_shed_after_each_hold_is_held_longer_until_it_waits(
+    full: Full, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One connection resending at once, the budget spent: its held requests end shed, each
+    hold twice the last, at most four times the first (`longest_hold`); after one polite wait
+    its request is answered at once and the next impatient one is held the first hold again."""
+    hold = 0.4
+    waits = [0.0, 0.0, 0.0, 0.0, 0.0, 1.05, 0.0]  # before each request after the first
+
+    async def scenario(url: str) -> list[Answer]:
+        _filled = await _fill(url)
+        reader, writer = await raw_request(url, http_post("request 0"))
+        answers = [await _timed(reader)]
+        for i, wait_s in enumerate(waits, 1):
+            await asyncio.sleep(wait_s)
+            writer.write(http_post(f"request {i}"))
+            await writer.drain()
+            answers.append(await _timed(reader))
+        writer.close()
+        return answers
+
+    with full(shed_budget_share=0.001) as (served, _):
+        monkeypatch.setattr(shed_budget, "_MAX_HOLD_S", hold)
+        answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+    assert {s for s, _ in answers} == {503}, answers
+    took = [t for _, t in answers]
+    expected = [0, 1, 2, 4, 4, 4, 0, 1]  # in holds: first request; held; ...; polite; held
+    for t, times in zip(took, expected, strict=True):
+        if times == 0:
+            assert t < hold / 2, took
+        else:
+            assert times * hold - 0.1 < t < times * hold + 0.3, took
+
+
+def test_the_longest_hold_doubles_twice() -> None:
+    assert [shed_budget.longest_hold(n) for n in (0, 1, 2, 3, 10)] == [1.0, 2.0, 4.0, 4.0, 4.0]
 
 
 def test_a_held_request_is_admitted_when_room_frees_meanwhile(full: Full) -> None:

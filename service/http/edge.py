@@ -60,7 +60,7 @@ from uvicorn.server import ServerState
 from service import metrics
 from service.http.framing import Framer, Step
 from service.http.refusals import Refusal, answer, record, throttled
-from service.http.shed_budget import CPU_AT, ShedBudget
+from service.http.shed_budget import CPU_AT, ShedBudget, longest_hold
 from service.settings import Settings, load_settings
 
 log = structlog.get_logger("service.edge")
@@ -160,6 +160,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._releasing = False  # deciding a request the shed budget held (`_release`)
         self._cpu_since = 0.0  # the loop thread's CPU clock when this read began (the charge)
         self._retry_at = 0.0  # monotonic: the Retry-After of this connection's last shed
+        self._held_shed = 0  # this connection's held requests shed in a row (`longest_hold`)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self._max_connections and not self._close_an_idle_one():
@@ -339,14 +340,18 @@ class EdgeProtocol(HttpToolsProtocol):
         when released). Its deadline runs from now (the request context keeps `arrived`)."""
         budget = shedder.budget
         assert budget is not None  # (the caller checked)
-        if time.monotonic() >= self._retry_at or not budget.exhausted():
-            return False  # a first request, a polite one, or sheds within their share
+        if time.monotonic() >= self._retry_at:
+            self._held_shed = 0  # a first request or a polite one: a hold starts short again
+            return False
+        if not budget.exhausted():
+            return False  # sheds within their share
         cycle.scope["state"]["arrived"] = time.monotonic()
         deadline = shedder.deadline(cycle.scope)
         if deadline is None:
             return False
         self.flow.pause_reading()  # the kernel's buffers and the client's wait push back
-        budget.hold(functools.partial(self._release, cycle, app), deadline)
+        release = functools.partial(self._release, cycle, app)
+        budget.hold(release, deadline, longest_hold(self._held_shed))
         return True
 
     def _release(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
@@ -363,7 +368,9 @@ class EdgeProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
         finally:
             self._releasing = False
-        metrics.SHED_HELD.labels("shed" if cycle.response_complete else "admitted").inc()
+        shed = cycle.response_complete  # (answered from the head: a 503)
+        self._held_shed = self._held_shed + 1 if shed else 0
+        metrics.SHED_HELD.labels("shed" if shed else "admitted").inc()
 
     def _send_shed(
         self,
