@@ -82,15 +82,23 @@ def capacity(srv: servers.Served, body: bytes | list[bytes], seconds: float) -> 
     shed waits 200 ms before its next request (wrk's ``delay``), as Retry-After asks; without
     it, one shed (deadline-aware admission can shed at 32 clients when the cost estimate runs
     high) starts a resend spin that is a small storm of its own."""
+    counted = storm_kinds.counters(srv.base)
     before = cpu.snapshot()
     bodies = body if isinstance(body, list) else [body]
     run = wrk.run(srv.base + "/", bodies, CAPACITY_CLIENTS, seconds, backoff_ms=200)
     after = cpu.snapshot()
+    acted = _difference(counted, storm_kinds.counters(srv.base))
     return {
         **run.summary(),
         "other_cpu": cpu.foreign_share(before, after),
         "client_cores": cpu.client_cores(before, after),
+        "batching": storm_kinds.batching(acted),
     }
+
+
+def _difference(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each counter's growth between two reads of ``storm_kinds.counters``."""
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
 
 
 async def polite(
@@ -151,7 +159,8 @@ async def storm_with_polite(
         stop.set()
         await asyncio.gather(*tasks)
     after = storm_kinds.counters(srv.base)
-    res["acted"] = {k: after.get(k, 0.0) - counted.get(k, 0.0) for k in after}
+    res["acted"] = _difference(counted, after)
+    res["batching"] = storm_kinds.batching(res["acted"])
     end = cpu.snapshot()
     res["other_cpu"] = cpu.foreign_share(before, end)
     res["client_cores"] = cpu.client_cores(before, end)  # wrk or the open loop, polite, probes
@@ -318,9 +327,28 @@ def _print(res: dict[str, Any]) -> None:
         f"held {acted.get('held', 0):.0f}, shed CPU {acted.get('shed_cpu_s', 0):.2f} s; cores: "
         f"loop {res.get('loop_cores', 0):.2f}, model {res.get('inference_cores', 0):.2f}"
         f"+{res.get('other_cores', 0):.2f}, clients {res['client_cores']:.2f} (capacity run "
-        f"{res['capacity'].get('client_cores', 0):.2f}); other CPU {_other(res)}",
+        f"{res['capacity'].get('client_cores', 0):.2f}); other CPU {_other(res)}; model: "
+        f"{_batching(res.get('batching', {}))} (capacity run "
+        f"{_batching(res['capacity'].get('batching', {}))})",
         flush=True,
     )
+
+
+def _batching(b: dict[str, float]) -> str:
+    """``storm_kinds.batching``'s figures in words ("-" without batches)."""
+    if not b:
+        return "-"
+    return (
+        f"batches of {b['mean_batch']:.1f} inputs, {b['padded_tokens_per_input']:.0f} padded "
+        f"tokens and {b['pipeline_ms_per_input']:.1f} pipeline ms an input"
+    )
+
+
+def _per_input_ms(r: dict[str, Any]) -> str:
+    """The storm's and its capacity run's pipeline ms per input, for the table."""
+    storm = r.get("batching", {}).get("pipeline_ms_per_input")
+    cap = r.get("capacity", {}).get("batching", {}).get("pipeline_ms_per_input")
+    return f"{common.ms(storm)} ({common.ms(cap)})"
 
 
 def table(result: dict[str, Any]) -> str:
@@ -335,8 +363,9 @@ def table(result: dict[str, Any]) -> str:
         "",
         "| kind | config | round | capacity/s | goodput/s | goodput / capacity | sheds/s | 504/s "
         "| polite: statuses | polite shed p50 / p95 ms | probes sent, failed, max ms "
-        "| held | shed CPU s | loop cores | client cores (capacity run) | other CPU (most) |",
-        "|" + " --- |" * 16,
+        "| held | shed CPU s | loop cores | client cores (capacity run) | other CPU (most) "
+        "| pipeline ms an input (capacity run) |",
+        "|" + " --- |" * 17,
     ]
     for r in sorted(result["rounds"], key=lambda r: (r.get("kind", ""), r["round"], r["config"])):
         pol, probes, acted = r["polite"], r.get("probes", {}), r.get("acted", {})
@@ -350,7 +379,7 @@ def table(result: dict[str, Any]) -> str:
             f"{common.ms(probes.get('max_ms'))} | {acted.get('held', 0):.0f} | "
             f"{acted.get('shed_cpu_s', 0):.2f} | {r.get('loop_cores', 0):.2f} | "
             f"{r.get('client_cores', 0):.2f} ({r['capacity'].get('client_cores', 0):.2f}) | "
-            f"{_other(r)} |"
+            f"{_other(r)} | {_per_input_ms(r)} |"
         )
     lines += ["", f"Target (issues 14, 24): goodput / capacity >= {GOODPUT_TARGET} in each kind."]
     return "\n".join(lines)

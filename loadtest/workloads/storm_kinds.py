@@ -58,6 +58,11 @@ WATCHED = {
     "pipeline_server_shed_held_total": "held",
     "pipeline_server_shed_cpu_seconds_total": "shed_cpu_s",
     "pipeline_server_http_refused_total": "refused",
+    # what the model did with it: batches, their inputs and padded tokens, pipeline seconds
+    "pipeline_server_batch_size_count": "batches",
+    "pipeline_server_batch_size_sum": "batch_inputs",
+    "pipeline_server_batch_padded_tokens_sum": "padded_tokens",
+    "pipeline_server_inference_seconds_sum": "inference_s",
 }
 
 
@@ -157,6 +162,22 @@ def probe_summary(answers: list[tuple[str, int, float]]) -> dict[str, Any]:
         "failed": len(answers) - len(ok),
         "p50_ms": lat["p50_ms"],
         "max_ms": 1000 * max(ok) if ok else float("nan"),
+    }
+
+
+def batching(acted: dict[str, float]) -> dict[str, float]:
+    """What the model did over a window, from the ``WATCHED`` counters' differences: the mean
+    batch (inputs), padded tokens per input, and pipeline ms per input (the inference
+    thread's wall time in the pipeline over the inputs it answered). Empty without batches.
+    A storm whose pipeline ms per input is well above its capacity run's lost speed in the
+    model (smaller batches, more padding, or a slower machine), not at the edge."""
+    batches, inputs = acted.get("batches", 0.0), acted.get("batch_inputs", 0.0)
+    if batches <= 0 or inputs <= 0:
+        return {}
+    return {
+        "mean_batch": inputs / batches,
+        "padded_tokens_per_input": acted.get("padded_tokens", 0.0) / inputs,
+        "pipeline_ms_per_input": 1000 * acted.get("inference_s", 0.0) / inputs,
     }
 
 

@@ -264,7 +264,17 @@ def test_burst_and_storm_tables() -> None:
         polite={"statuses": {503: 3}, "shed": lat, "ok": lat},
         probes={"sent": 40, "failed": 0, "max_ms": 7.25},
         acted={"held": 120.0, "shed_cpu_s": 1.5},
-        capacity={"statuses": {"503": 4, "200": 90}, "other_cpu": 0.05, "client_cores": 0.2},
+        batching={
+            "mean_batch": 12.0,
+            "padded_tokens_per_input": 30.0,
+            "pipeline_ms_per_input": 9.5,
+        },
+        capacity={
+            "statuses": {"503": 4, "200": 90},
+            "other_cpu": 0.05,
+            "client_cores": 0.2,
+            "batching": {"pipeline_ms_per_input": 4.75},
+        },
     )
     text = storm.table(
         {
@@ -275,10 +285,27 @@ def test_burst_and_storm_tables() -> None:
     )
     assert (
         "| differing | A | 1 | 50.0 | 100.0 | 0.10 | 900 | 2.0 | {503: 3} | 5.0 / 9.0 "
-        "| 40, 0, 7.2 | 120 | 1.50 | 0.40 | 0.60 (0.20) | 5% |" in text  # the capacity run's
-    )
+        "| 40, 0, 7.2 | 120 | 1.50 | 0.40 | 0.60 (0.20) | 5% | 9.5 (4.8) |" in text
+    )  # (in brackets: the capacity run's)
     retried = storm.table({"args": {}, "configs": {"A": {}}, "rounds": [{**rnd, "attempts": 3}]})
-    assert "| 0.60 (0.20) | 5% (3 attempts) |" in retried
+    assert "| 0.60 (0.20) | 5% (3 attempts) | 9.5 (4.8) |" in retried
+    no_batches = storm.table(
+        {"args": {}, "configs": {"A": {}}, "rounds": [{**rnd, "batching": {}, "capacity": {}}]}
+    )
+    assert no_batches.splitlines()[-3].endswith("| - (-) |")
+
+
+def test_batching_is_read_from_the_counters_differences() -> None:
+    """Mean batch, padded tokens and pipeline ms per input over a window, from the growth of
+    the batch-size and padded-token histograms' sums and counts and the pipeline seconds."""
+    acted = {"batches": 10.0, "batch_inputs": 80.0, "padded_tokens": 2400.0, "inference_s": 0.4}
+    assert storm_kinds.batching(acted) == {
+        "mean_batch": 8.0,
+        "padded_tokens_per_input": 30.0,
+        "pipeline_ms_per_input": 5.0,
+    }
+    assert storm_kinds.batching({"batches": 0.0, "batch_inputs": 0.0}) == {}
+    assert storm_kinds.batching({}) == {}
 
 
 def test_a_disturbed_storm_is_measured_again_and_the_quietest_kept(

@@ -40,6 +40,15 @@ def test_storm_counts_goodput_and_sheds(tmp_path: Path) -> None:
         assert rnd["acted"]["sheds"] > 0 and "loop_ms_per_request" in rnd
         # the load side's CPU: wrk (a waited child) or the open loop in this process
         assert rnd["client_cores"] > 0 and rnd["capacity"]["client_cores"] > 0
+        # what the model did, storm and capacity run alike: batches answered 200s' inputs
+        for window, answered in (
+            (rnd, rnd["statuses"]),
+            (rnd["capacity"], rnd["capacity"]["statuses"]),
+        ):
+            b = window["batching"]
+            assert 1 <= b["mean_batch"] <= 64 and b["pipeline_ms_per_input"] > 0
+            assert b["padded_tokens_per_input"] >= 4  # [CLS], [SEP] and 4-40 words
+            assert answered.get(200, 0) > 0
 
 
 def test_memory_samples_rss(tmp_path: Path) -> None:
