@@ -114,11 +114,13 @@ def test_c14_in_flight_requests_finish_after_sigterm(
 def test_sigterm_under_load_loses_nothing(
     start_server: Callable[..., ServerProcess], tiny_models: dict[str, Path]
 ) -> None:
-    """Clients keep sending through SIGTERM until refused; more work is queued than the 1 s drain
-    can finish. Every request the app received is answered in full (200 done in time, 503 with
-    Retry-After for what the drain could not finish or what came after SIGTERM); the process
-    exits 0 a few seconds after DRAIN_TIMEOUT_S at most."""
-    drain_s = 1.0
+    """Clients keep sending through SIGTERM until refused; more work is queued than the 0.25 s
+    drain can finish (with a 1 s drain a fast machine answered 30-34 requests of 8 inputs in
+    all, once the whole queue, and the drain cut nothing). Every request the app received is
+    answered in full (200 done in time, 503 with Retry-After for what the drain could not
+    finish or what came after SIGTERM); the process exits 0 a few seconds after DRAIN_TIMEOUT_S
+    at most."""
+    drain_s = 0.25
     server = start_server(
         MODEL_ID=str(tiny_models["text-classification"]),
         MAX_BATCH_SIZE="4",
