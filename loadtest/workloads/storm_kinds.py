@@ -169,8 +169,8 @@ def batching(acted: dict[str, float]) -> dict[str, float]:
     """What the model did over a window, from the ``WATCHED`` counters' differences: the mean
     batch (inputs), padded tokens per input, and pipeline ms per input (the inference
     thread's wall time in the pipeline over the inputs it answered). Empty without batches.
-    A storm whose pipeline ms per input is well above its capacity run's lost speed in the
-    model (smaller batches, more padding, or a slower machine), not at the edge."""
+    A storm whose pipeline ms per input is well above its capacity run's lost its speed in
+    the model (smaller batches, more padding, or a slower machine), not at the edge."""
     batches, inputs = acted.get("batches", 0.0), acted.get("batch_inputs", 0.0)
     if batches <= 0 or inputs <= 0:
         return {}
