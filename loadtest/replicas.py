@@ -71,6 +71,7 @@ class Replica:
 
     port: int
     proc: subprocess.Popen[bytes]
+    log: Path  # its stdout and stderr
 
     @property
     def url(self) -> str:
@@ -88,12 +89,12 @@ def start_replica(port: int, logs: Path, extra: dict[str, str] | None = None) ->
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    sink = (logs / f"replica-{port}.log").open("ab")
-    proc = subprocess.Popen(
-        pipeline_server_command(), env=env, stdout=sink, stderr=sink, start_new_session=True
-    )
-    sink.close()
-    return Replica(port, proc)
+    log = logs / f"replica-{port}.log"
+    with log.open("ab") as sink:
+        proc = subprocess.Popen(
+            pipeline_server_command(), env=env, stdout=sink, stderr=sink, start_new_session=True
+        )
+    return Replica(port, proc, log)
 
 
 def slow_down(replica: Replica, cpu: float, name: str) -> str:
@@ -277,7 +278,7 @@ def roll(
     for i in range(n):
         old_slot, new_slot = slots[i], slots[n + i]
         new = start_replica(new_slot.port, logs, extra)
-        wait_ready(new.url + "/readyz", 180, new.proc)
+        wait_ready(new.url + "/readyz", 180, new.proc, new.log)
         proxy.wait_status(new_slot.name, "UP")  # the endpoints now list it
         proxy.set_state(old_slot.name, "maint")  # the old pod is deleted: out of the endpoints
         time.sleep(prestop_s)  # preStop: requests already sent to it finish meanwhile
@@ -298,7 +299,7 @@ def replica_set(
     replicas = [start_replica(p, logs, extra) for p in ports]
     try:
         for r in replicas:
-            wait_ready(r.url + "/readyz", 240, r.proc)
+            wait_ready(r.url + "/readyz", 240, r.proc, r.log)
         yield replicas
     finally:
         for r in replicas:

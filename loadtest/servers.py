@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,11 +26,52 @@ HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+_handed_out: set[int] = set()
+_pick = random.Random()  # its own generator: a test seeding `random` picks nothing here
+_LOWEST = 10_000  # below: well-known and registered servers' ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux `net.ipv4.ip_local_port_range`), from which
+    every socket's bind(0) and connect() draw their ports; Linux's default if unreadable."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
+
+
+def _is_free(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now, for a server started next to bind.
+
+    Never one this process handed out before, and drawn from below the kernel's ephemeral
+    range: a port from bind(0) is released before the server binds it, and in those seconds
+    any socket's bind(0) or connect() may take it (or the next bind(0) may return it again),
+    so the server fails to bind (gunicorn exits 1 after five retries). Falls back to bind(0)
+    where nothing below the range is free.
+    """
+    low, _ = _ephemeral_range()
+    if low - _LOWEST > 1000:
+        for _ in range(100):
+            port = _pick.randrange(_LOWEST, low)
+            if port not in _handed_out and _is_free(port):
+                _handed_out.add(port)
+                return port
+    while True:
+        with socket.socket() as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def console_script(name: str) -> str:
@@ -63,12 +105,19 @@ def seed_server_command(port: int) -> list[str]:
     ]
 
 
-def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Poll ``url`` every 0.2 s until it answers 200; raise after ``timeout_s`` or if proc dies."""
+def wait_ready(
+    url: str,
+    timeout_s: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
+    """Poll ``url`` every 0.2 s until it answers 200; raise after ``timeout_s`` or if proc
+    dies (RuntimeError, with the last lines of the server's ``log`` where one is given)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode} before ready")
+            said = f"; its log ends:\n{log_tail(log)}" if log is not None else ""
+            raise RuntimeError(f"server exited with code {proc.returncode} before ready{said}")
         with (
             contextlib.suppress(OSError, urllib.error.URLError),
             urllib.request.urlopen(url, timeout=2) as resp,
@@ -77,6 +126,15 @@ def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None 
                 return
         time.sleep(0.2)
     raise TimeoutError(f"{url} not ready within {timeout_s:g} s")
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of the file at `path` (or why it could not be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"({path}: {exc.strerror})"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 @contextlib.contextmanager
@@ -120,7 +178,9 @@ def started(
     )
     base = f"http://{HOST}:{port}"
     try:
-        wait_ready(base + ready_path, ready_timeout_s, proc)
+        name = getattr(log, "name", None)  # a file's path, where `log` is an open file
+        log_path = Path(name) if isinstance(name, str) else None
+        wait_ready(base + ready_path, ready_timeout_s, proc, log_path)
         yield base, proc
     finally:
         stop(proc)

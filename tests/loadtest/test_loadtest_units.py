@@ -314,3 +314,33 @@ def test_limit_worker_answers_in_turn_and_exits(embedded_model: Path, tmp_path: 
     assert len(calls) == 3 and all(0 < ms < 10_000 for ms in calls)
     assert 0 < small < large  # 8 tokens once against 2 x 16 x 128 padded tokens
     assert worker.proc.returncode == 0
+
+
+def test_free_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
+    import socket
+
+    from loadtest import servers
+
+    low, _ = servers._ephemeral_range()
+    ports = [servers.free_port() for _ in range(200)]
+    assert len(set(ports)) == 200  # bind(0) alone repeats one in about 1,000 draws of six
+    assert all(10_000 <= p < low for p in ports)
+    with socket.socket() as sock:
+        sock.bind((servers.HOST, ports[-1]))  # free: a server can bind it
+
+
+def test_a_server_that_exits_before_ready_is_reported_with_its_log(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from loadtest.servers import free_port, wait_ready
+
+    log = tmp_path / "server.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; print('Connection in use'); sys.exit(1)"],
+            stdout=sink,
+        )
+    proc.wait(30)
+    with pytest.raises(RuntimeError, match=r"exited with code 1 before ready.*\nConnection in use"):
+        wait_ready(f"http://127.0.0.1:{free_port()}/readyz", 5, proc, log)
