@@ -71,8 +71,11 @@ def test_cpu_window_charges_a_named_thread_and_samples_the_loop() -> None:
 
 
 def test_cpu_window_counts_the_time_a_thread_waits_for_a_core() -> None:
-    """A spinning thread sharing its one CPU with a spinning process waits about half the
-    time: schedstat's runnable time, reported as `inference_waiting_cores`."""
+    """A spinning thread sharing its one CPU with a spinning process waits a good part of the
+    time: schedstat's runnable time, reported as `inference_waiting_cores`. How the CPU is
+    split is the scheduler's (about half, unless something else runs there too: the full suite
+    once left the thread 18%), so the test holds the accounting instead: a thread runnable all
+    along was either on the CPU or waiting for it: run + wait is about the window."""
     cpu = min(os.sched_getaffinity(0))
     stop = threading.Event()
     ready = threading.Event()
@@ -91,7 +94,7 @@ def test_cpu_window_counts_the_time_a_thread_waits_for_a_core() -> None:
         ready.wait(5)
         window = proc.CpuWindow(os.getpid(), {busy.native_id or 0: "inference"})
         window.start()
-        time.sleep(0.6)
+        time.sleep(1.0)
         split = window.stop()
         stop.set()
         busy.join()
@@ -100,8 +103,11 @@ def test_cpu_window_counts_the_time_a_thread_waits_for_a_core() -> None:
         rival.kill()
         rival.wait()
     summary = split.summary(requests=1, inputs=1)
-    assert 0.2 < summary["inference_waiting_cores"] < 0.8
-    assert 0.2 < summary["inference_cores"] < 0.8
+    waited, ran = summary["inference_waiting_cores"], summary["inference_cores"]
+    assert waited > 0.2 and ran > 0.05
+    # on the CPU or waiting for it all along; a wait or a run under way at either end of the
+    # window is counted when it ends, and the host's steal is neither
+    assert 0.8 < waited + ran < 1.2
 
 
 def test_roles_and_syscall_states() -> None:
