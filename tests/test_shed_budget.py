@@ -361,3 +361,30 @@ def test_a_queue_with_places_a_deadline_cannot_use_has_no_room() -> None:
     finally:
         for item in items:  # settle the occupancy gauges
             item.future.set_result(None)
+
+
+def test_a_probe_answered_503_is_not_a_shed(full: Full) -> None:
+    """`/readyz` answers 503 while the server loads or drains: not a shed, so it is not charged
+    to the budget (`pipeline_server_shed_cpu_seconds_total`), and the connection it came on
+    is not asked to wait; a `POST` shed meanwhile is charged."""
+
+    async def probes(url: str) -> list[int]:
+        request = b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        reader, writer = await raw_request(url, request)
+        statuses = [(await read_answer(reader))[0]]
+        for _ in range(4):
+            writer.write(request)
+            await writer.drain()
+            statuses.append((await read_answer(reader))[0])
+        writer.close()
+        return statuses
+
+    with full() as (served, _):
+        served.begin_drain()
+        time.sleep(0.1)
+        before = sample("pipeline_server_shed_cpu_seconds_total")
+        assert asyncio.run(asyncio.wait_for(probes(served.url), 30)) == [503] * 5
+        assert sample("pipeline_server_shed_cpu_seconds_total") == before
+        answers = asyncio.run(asyncio.wait_for(_storm_connection(served.url, ["one"]), 30))
+        assert [s for s, _ in answers] == [503]
+        assert sample("pipeline_server_shed_cpu_seconds_total") > before

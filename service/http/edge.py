@@ -324,10 +324,14 @@ class EdgeProtocol(HttpToolsProtocol):
     def _app_shed(self, head: bytes | bytearray | memoryview) -> None:
         """A 503 answered on the app's path (a request the head let through, whose inputs did
         not fit when counted; a held retry; a pipelined one): charged as the edge's own are,
-        from when the app began (`CPU_AT`), and this connection asked to wait."""
+        from when the app began (`CPU_AT`), and this connection asked to wait. A `GET`'s 503
+        (`/readyz` while loading or draining, `/livez` with a stuck batch) is a probe's answer,
+        not a shed: neither."""
+        if self.cycle is None or self.cycle.scope["method"] != "POST":
+            return
         self._retry_at = time.monotonic() + 1.0  # the least Retry-After a shed carries
         shedder: HeadShedder | None = self.app_state.get(HEAD_SHEDDER)
-        if shedder is not None and shedder.budget is not None and self.cycle is not None:
+        if shedder is not None and shedder.budget is not None:
             began = self.cycle.scope["state"].get(CPU_AT, self._cpu_since)
             shedder.budget.charge(time.thread_time() - began)
 
