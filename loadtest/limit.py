@@ -159,7 +159,7 @@ class Limit:
         shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
         input ``tokens`` long. A padded batch costs its shape whatever its real tokens, so this
         is what a server point's batches cost alone; the server's log gives their shapes."""
-        from service.engine.model import sample_unit
+        from service.engine.warmup import sample_unit
 
         engine = self.engine()
         if self._longest is None:
@@ -199,7 +199,7 @@ class Limit:
         environment), loaded once and warmed up."""
         if self._engine is None:
             from service.engine.loading import load_engine
-            from service.engine.model import warm_up
+            from service.engine.warmup import warm_up
             from service.settings import load_settings
 
             # stdout is the worker's answer channel (`serve`): the load's log lines (the
@@ -387,7 +387,7 @@ def _cut(prepared: Any, length: int) -> Any:
     """A copy of a prepared input keeping its first ``length - 1`` tokens and the closing one."""
     import dataclasses
 
-    from service.engine.encoder import Encoded
+    from service.engine.forward.encoder import Encoded
 
     if length >= prepared.n_tokens:
         return prepared

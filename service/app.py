@@ -1,4 +1,5 @@
-"""create_app(): routes, the middleware (`service.http.context`, `service.http.shed`), the one error
+"""create_app(): routes, the middleware (`service.http.context`, `service.http.shed_gate`), the one
+error
 table, the lifespan."""
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service import metrics
-from service.engine.batcher import Batcher
+from service.engine.batching.batcher import Batcher
 from service.engine.loading import load_engine
 from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
 from service.http.context import RequestContext
-from service.http.shed import ShedGate
+from service.http.shed_gate import ShedGate
 from service.log import configure_logging
 from service.protocols.routes import INFERENCE_PATHS, ROUTES
 from service.protocols.serving import json_response

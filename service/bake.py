@@ -17,8 +17,8 @@ def export_model(settings: Settings) -> Path:
     """Load the model as the server would (float32, torch), export its graph into its folder;
     return the graph's path. Raises `ValueError` for a task that runs on torch only or a
     model that is not a local folder, and what the export raises."""
+    from service.backends.candidates import TEXTS, padded_inputs
     from service.backends.export import write_own_graph
-    from service.backends.select import TEXTS, padded_inputs
     from service.engine.loading import load_engine
 
     forced = settings.model_copy(update={"backend": "torch", "dtype": "float32"})

@@ -78,7 +78,8 @@ def request_metrics(route: str, status: int) -> tuple[Any, Any]:
     return REQUESTS.labels(route, str(status)), REQUEST_SECONDS.labels(route)
 
 
-# The Gateway API Inference Extension's model-server gauges (service/engine/occupancy.py): a request
+# The Gateway API Inference Extension's model-server gauges (service/engine/batching/occupancy.py):
+# a request
 # counts once, whatever its inputs.
 REQUESTS_WAITING = Gauge(
     _P + "requests_waiting",
@@ -91,7 +92,7 @@ REQUESTS_RUNNING = Gauge(
     "(the Gateway API Inference Extension's TotalRunningRequests).",
 )
 
-# The shed budget (service/http/shed_budget.py, issue 24): what sheds cost, and what it held back.
+# The shed budget (service/admission/budget.py, issue 24): what sheds cost, and what it held back.
 SHED_CPU_SECONDS = Counter(
     _P + "shed_cpu_seconds_total",
     "Event-loop CPU seconds spent answering sheds at the HTTP edge (the shed budget's charge).",

@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     # Sentence-embedding pooling: unset = the model's sentence-transformers config (none: token
     # rows); a mode = pool every model's token rows so (overrides the config's modes); none =
     # token rows even for a sentence-transformers model; splade = a *ForMaskedLM model's
-    # logits pooled into sparse embeddings (service.engine.sparse).
+    # logits pooled into sparse embeddings (service.engine.pooling.sparse).
     pooling: (
         Literal["cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "none"]
         | Literal["splade"]
@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)
     api_key: str | None = None
-    # Hold a connection that retries before its Retry-After until then (service.http.shed).
+    # Hold a connection that retries before its Retry-After until then (service.http.shed_gate).
     shed_tarpit: bool = True
     # Nice value of the inference thread and torch's threads (0-19): the model yields the CPU
     # to the event loop whenever the loop has work (answers, probes, sheds; README, Overload).
@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     # Open connections; one more is answered 503 and closed. Below the 1024 descriptors a
     # container gets by default (soft limit), leaving room for the process's own.
     max_connections: int = Field(900, ge=1)
-    # The shed budget (service/http/shed_budget.py, issue 24): the share of one core that answering
+    # The shed budget (service/admission/budget.py, issue 24): the share of one core that answering
     # sheds may take; past it, connections that resend at once are not read for a while. 0: off.
     shed_budget_share: float = Field(0.05, ge=0, le=1, allow_inf_nan=False)
 

@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from service.app import create_app
 from service.engine.jobs import Unit
 from service.engine.loading import load_engine
-from service.engine.model import Engine
+from service.engine.types import Engine
 from service.http.edge import EdgeProtocol
 from service.settings import Settings
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from service.backends.choice import (
+from service.backends.quality import classifier_quality, embedding_quality
+from service.backends.ranking import (
     Candidate,
     Measured,
     Quality,
@@ -21,7 +22,6 @@ from service.backends.choice import (
     measure,
     route,
 )
-from service.backends.quality import classifier_quality, embedding_quality
 from service.backends.routed import RoutedBackend
 
 torch.manual_seed(0)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from helpers import captured_logs
 
-from service.backends import export, select
-from service.backends.select import native_bf16
+from service.backends import candidates, export
+from service.backends.candidates import native_bf16
 from service.engine.jobs import Op, Unit
 from service.engine.loading import load_engine
-from service.engine.model import Engine
+from service.engine.types import Engine
 from service.settings import Settings
 
 TEXTS = [
@@ -93,7 +93,7 @@ def test_int8_is_onnxruntime_per_channel_with_its_quality_measured(reference: En
 
 
 def test_auto_serves_the_fastest_candidate_that_passes(embedded_model: Path) -> None:
-    with captured_logs(select) as logs:
+    with captured_logs(candidates) as logs:
         chosen = engine(embedded_model, "auto", "auto")
     summary = chosen.info.backend_summary
     rows = summary["candidates"]
@@ -141,7 +141,7 @@ def test_onnx_reranker_pairs_equal_torch(cross_encoder_model: Path) -> None:
 
 @pytest.mark.parametrize("task", ["fill-mask", "token-classification"])
 def test_pipeline_tasks_say_they_run_on_torch(tiny_models: dict[str, Path], task: str) -> None:
-    with captured_logs(select) as logs:
+    with captured_logs(candidates) as logs:
         e = engine(tiny_models[task], "onnx", "float32")
     assert (e.info.backend, e.info.dtype) == ("torch", "float32")
     assert "run on torch" in e.info.summary()["backend"]["note"]
@@ -161,7 +161,7 @@ def test_an_export_failure_falls_back_to_torch_with_one_line(
         raise RuntimeError("Exporting the operator 'aten::foo' to ONNX opset 17 is not supported")
 
     monkeypatch.setattr(export, "export", fails)
-    with captured_logs(select) as logs:
+    with captured_logs(candidates) as logs:
         e = engine(tiny_models["text-classification"], "onnx", "float32")
     assert (e.info.backend, e.info.dtype) == ("torch", "float32")
     (fallback,) = [x for x in logs if x["event"] == "backend_fallback"]

@@ -4,11 +4,12 @@ below, else `bottom`); a module may import its own layer and any layer below it:
 
 | rank | layer | what |
 | --- | --- | --- |
-| 7 | app | app.py, cli.py, worker.py, gunicorn_conf.py: the application and the process |
-| 6 | http | http/: the edge (connections, framing, head limits), shedding, request context |
-| 5 | protocols | protocols/: hf, tei, openai, serving; schemas, params, openapi, routes |
+| 8 | app | app.py, cli.py, worker.py, gunicorn_conf.py: the application and the process |
+| 7 | http | http/: the edge (connections, framing, head limits), head shedding, request context |
+| 6 | protocols | protocols/: by what is served (embedding, classification, rerank, tokens) |
+| 5 | admission | admission/: the shed budget and the refusals the edge answers |
 | 4 | runtime | runtime/: readiness, draining, reading the body, submit and await |
-| 3 | engine | engine/: jobs, queue, admission, selection, batcher, encoders, pooling, loading |
+| 3 | engine | engine/: jobs, loading, forward, pooling and heads, batching |
 | 2 | backends | backends/: how a batch is computed (tensors in, tensors out) |
 | 1 | bottom | settings.py, errors.py, log.py, metrics.py (and any other top-level module) |
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 SERVICE = Path(__file__).resolve().parents[1] / "service"
 #: highest first
-LAYERS = ["app", "http", "protocols", "runtime", "engine", "backends", "bottom"]
+LAYERS = ["app", "http", "protocols", "admission", "runtime", "engine", "backends", "bottom"]
 APP_MODULES = [
     "service.app",
     "service.cli",
@@ -161,5 +162,6 @@ def test_the_checks_catch_what_they_look_for() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert layer_of("service.settings") == "bottom"
     assert layer_of("service.app") == "app"
-    assert RANK["http"] > RANK["protocols"] > RANK["runtime"] > RANK["engine"] > RANK["bottom"]
-    assert "service.engine.batcher" in graph()
+    assert RANK["http"] > RANK["protocols"] > RANK["admission"] > RANK["runtime"]
+    assert RANK["runtime"] > RANK["engine"] > RANK["bottom"]
+    assert "service.engine.batching.batcher" in graph()

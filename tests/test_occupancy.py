@@ -1,4 +1,5 @@
-"""Requests waiting and running (the inference gateway's gauges, `service.engine.occupancy`),
+"""Requests waiting and running (the inference gateway's gauges,
+`service.engine.batching.occupancy`),
 compared with what the batcher is doing: each batch is held while the test reads the gauges."""
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from inprocess import Recorder, serve
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.engine.batcher import Batcher, State
+from service.engine.batching.batcher import Batcher, State
+from service.engine.batching.queue import Item
 from service.engine.jobs import Op, Unit
 from service.engine.loading import load_engine
-from service.engine.model import Engine, Prepared
-from service.engine.work_queue import Item
+from service.engine.types import Engine, Prepared
 from service.errors import DeadlineExceeded, Overloaded
 from service.settings import Settings
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import ServerProcess, captured_logs
 from models import TEXT_LABELS, build
 
-from service.backends import select
+from service.backends import candidates
 from service.backends.export import OPSET, cache_key, cache_root
 from service.engine.loading import load_engine
 from service.settings import Settings
@@ -29,7 +29,7 @@ def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def exported(folder: Path) -> list[str]:
     """Load as the server does with BACKEND=onnx; the paths it exported (from its log)."""
-    with captured_logs(select) as logs:
+    with captured_logs(candidates) as logs:
         engine = load_engine(Settings(model_id=str(folder), backend="onnx", dtype="float32"))
     assert engine.info.backend == "onnx"
     return [e["path"] for e in logs if e["event"] == "onnx_exported"]

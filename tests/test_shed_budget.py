@@ -21,11 +21,11 @@ import httpx
 import pytest
 from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
-from service.engine.admission import ServiceTimeEstimate
+from service.admission import budget
+from service.admission.budget import ShedBudget
+from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.batching.queue import Item, WorkQueue
 from service.engine.jobs import Op, Unit
-from service.engine.work_queue import Item, WorkQueue
-from service.http import shed_budget
-from service.http.shed_budget import ShedBudget
 from service.settings import Settings
 
 QUEUE = 4
@@ -44,8 +44,8 @@ def full(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Full:
 
     @contextmanager
     def make(burst_s: float = 0.0, **kw: Any) -> Iterator[tuple[Served, Recorder]]:
-        monkeypatch.setattr(shed_budget, "_BURST_S", burst_s)
-        monkeypatch.setattr(shed_budget, "_MAX_HOLD_S", HOLD_S)
+        monkeypatch.setattr(budget, "_BURST_S", burst_s)
+        monkeypatch.setattr(budget, "_MAX_HOLD_S", HOLD_S)
         settings = Settings(
             model_id=str(tiny_models["text-classification"]),
             torch_num_threads=1,
@@ -172,7 +172,7 @@ def test_a_connection_shed_after_each_hold_is_held_longer_until_it_waits(
         return answers
 
     with full(shed_budget_share=0.001) as (served, _):
-        monkeypatch.setattr(shed_budget, "_MAX_HOLD_S", hold)
+        monkeypatch.setattr(budget, "_MAX_HOLD_S", hold)
         answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
     assert {s for s, _ in answers} == {503}, answers
     took = [t for _, t in answers]
@@ -185,7 +185,7 @@ def test_a_connection_shed_after_each_hold_is_held_longer_until_it_waits(
 
 
 def test_the_longest_hold_doubles_twice() -> None:
-    assert [shed_budget.longest_hold(n) for n in (0, 1, 2, 3, 10)] == [1.0, 2.0, 4.0, 4.0, 4.0]
+    assert [budget.longest_hold(n) for n in (0, 1, 2, 3, 10)] == [1.0, 2.0, 4.0, 4.0, 4.0]
 
 
 def test_a_held_request_is_admitted_when_room_frees_meanwhile(full: Full) -> None:
@@ -281,7 +281,7 @@ def test_with_room_held_requests_wait_for_room_not_for_the_bucket(
     room (each release would only be shed); room for two releases the two oldest, in order;
     the last goes when its hold ends, room or not. `room` is asked with the oldest held
     request's deadline."""
-    monkeypatch.setattr(shed_budget, "_MAX_HOLD_S", 0.4)
+    monkeypatch.setattr(budget, "_MAX_HOLD_S", 0.4)
     room = [0]
     asked: list[float] = []
     due = [time.monotonic() + 5 + i for i in range(3)]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from service.engine.admission import ServiceTimeEstimate
+from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.cpu_threads import cpu_quota, default_torch_threads
 from service.engine.jobs import Job, Op, params_key
-from service.engine.model import ModelInfo
-from service.engine.threads import cpu_quota, default_torch_threads
+from service.engine.types import ModelInfo
 from service.errors import (
     BadRequest,
     InvalidInput,
@@ -17,7 +17,7 @@ from service.errors import (
     ServiceError,
     UnsupportedMediaType,
 )
-from service.protocols import hf
+from service.protocols import inference_api
 from service.settings import Settings, SettingsError, load_settings
 
 JSON = "application/json"
@@ -94,7 +94,7 @@ def _info(task: str = "fill-mask") -> ModelInfo:
 
 
 def _parse(body: bytes, ctype: str | None, max_inputs: int = 64, task: str = "fill-mask") -> Job:
-    return hf.parse(body, ctype, _info(task), Settings(max_client_batch_size=max_inputs))
+    return inference_api.parse(body, ctype, _info(task), Settings(max_client_batch_size=max_inputs))
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ of a masked-LM model.
 - `service.backends.torch_backend`: the transformers model in float32, bfloat16 or float16.
 - `service.backends.onnx_backend`: onnxruntime on an exported graph (float32, or int8).
 - `service.backends.export`: the ONNX export and its cache.
-- `service.backends.choice`: timing and checking candidates against torch float32 at start.
-- `service.backends.select`: which candidates BACKEND/DTYPE allow here, and the one served.
+- `service.backends.ranking`: timing and checking candidates against torch float32 at start.
+- `service.backends.candidates`: which candidates BACKEND/DTYPE allow here, and the one served.
 """
 
 from __future__ import annotations

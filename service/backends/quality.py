@@ -1,4 +1,4 @@
-"""The checks `service.backends.choice` applies, on torch tensors: pooled embeddings' cosine,
+"""The checks `service.backends.ranking` applies, on torch tensors: pooled embeddings' cosine,
 classifier probabilities and top labels, finiteness (see `choice` for the thresholds)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from service.backends.choice import TIE, Quality
+from service.backends.ranking import TIE, Quality
 
 
 def pooled(hidden: Any, mask: Any, modes: Sequence[str]) -> Any:

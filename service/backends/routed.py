@@ -4,7 +4,7 @@ Which backend is fastest depends on the batch's shape: a single short input cost
 fixed price of running every operator once, a large batch costs per token. Measured at a
 server's start here (all-MiniLM-L6-v2, 2 cores): onnxruntime float32 177 inputs/s at batch 1
 against torch bfloat16's 88, and bfloat16 426 at batch 32 against onnxruntime's 236. The
-choice of which two and where they cross is `service.backends.choice.route`.
+choice of which two and where they cross is `service.backends.ranking.route`.
 """
 
 from __future__ import annotations

@@ -1,2 +1,3 @@
-"""The inference engine: the job type, the queue, admission and selection, the batcher,
-the encoders, pooling and heads, loading (the inference thread's side)."""
+"""The inference engine, the inference thread's side: the job type (`jobs`), loading a folder
+(`loading`, `st_config`), the model's forward (`forward/`), pooling and heads (`pooling/`), and
+batching (`batching/`: the queue, the batch policy, the batch loop)."""

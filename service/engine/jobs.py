@@ -5,7 +5,8 @@ inference thread computes (one per model input: a text, a text pair, or token id
 `finish` that turns their answers, in order, into the response content. Admission, deadlines,
 shedding, cancellation and the batcher see only units, so every route behaves the same.
 
-Ops and the answer each unit gets (`service.engine.encoder` / `service.engine.model` compute them):
+Ops and the answer each unit gets (`service.engine.forward.encoder` /
+`service.engine.forward.pipeline` compute them):
 
 | op | input | answer |
 | --- | --- | --- |
@@ -16,7 +17,8 @@ Ops and the answer each unit gets (`service.engine.encoder` / `service.engine.mo
 | `pipeline` | text | the pipeline's own answer (fill-mask, token-classification) |
 | `tokenize` | text | [{id, text, special, start, stop}]: no forward |
 | `decode` | ids | str: no forward |
-| `sparse` | text (or ids) | `service.engine.sparse.SparseVector`: a SPLADE model's non-zero weights
+| `sparse` | text (or ids) | `service.engine.pooling.sparse.SparseVector`: a SPLADE model's
+non-zero weights
 |
 
 A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from service.backends import Backend
-from service.engine import families, pooling
-from service.engine.encoder import EncoderEngine
+from service.engine import st_config, warmup
+from service.engine.cpu_threads import default_torch_threads
+from service.engine.forward.encoder import EncoderEngine
+from service.engine.forward.pipeline import PipelineEngine
 from service.engine.jobs import Op
-from service.engine.model import Engine, Kind, ModelInfo, PipelineEngine
-from service.engine.threads import default_torch_threads
+from service.engine.pooling import outputs
+from service.engine.types import Engine, Kind, ModelInfo
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
 
 if TYPE_CHECKING:
@@ -99,8 +101,8 @@ def _is_splade(model_id: str, settings: Settings) -> bool:
     if settings.pooling == "none" or not Path(model_id).is_dir():
         return False
     try:
-        found = pooling.read_sentence_config(Path(model_id))
-    except (pooling.UnsupportedModel, ValueError, OSError):
+        found = st_config.read_sentence_config(Path(model_id))
+    except (st_config.UnsupportedModel, ValueError, OSError):
         return False  # refused with its message where the task needs it (preflight)
     return found is not None and found.splade is not None
 
@@ -121,7 +123,7 @@ def preflight(settings: Settings) -> None:
         return
     task = infer_task(model_id, settings)
     if task == "feature-extraction" and settings.pooling != "none":
-        pooling.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
+        st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
     if task == "zero-shot-classification":
         label2id = _config(model_id, settings).get("label2id") or {}
         if not any(str(label).lower().startswith("entail") for label in label2id):
@@ -194,21 +196,21 @@ def load_engine(settings: Settings) -> Engine:
     limit = _max_input_tokens(pipe)
     if sentence is not None:  # what sentence-transformers encodes: max_seq_length, lower case
         positions = getattr(pipe.model.config, "max_position_embeddings", None)
-        limit = min(limit, pooling.configure_tokenizer(tok, sentence, positions))
+        limit = min(limit, st_config.configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit  # truncation then cuts at the real limit
     info = _model_info(settings, model_id, task, pipe, limit, sentence)
     backend, info = _chosen_backend(settings, pipe, info, weights)
     if info.kind == "pipeline":
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
-    return families.check_finite(EncoderEngine(pipe, info, sentence, backend=backend))
+    return warmup.check_finite(EncoderEngine(pipe, info, sentence, backend=backend))
 
 
 def _chosen_backend(
     settings: Settings, pipe: Pipeline, info: ModelInfo, weights: str
 ) -> tuple[Backend, ModelInfo]:
-    """The backend BACKEND/DTYPE choose for this model (`service.backends.select`: timed and
+    """The backend BACKEND/DTYPE choose for this model (`service.backends.candidates`: timed and
     checked against float32), and `info` with its name, dtype and measurements."""
-    from service.backends.select import choose_backend
+    from service.backends.candidates import choose_backend
 
     folder = _weights_folder(weights, settings)
     choice = choose_backend(settings, pipe, folder, info.kind, info.pooling)
@@ -237,7 +239,7 @@ def _model_info(
     task: str,
     pipe: Pipeline,
     limit: int,
-    sentence: pooling.SentenceConfig | None,
+    sentence: st_config.SentenceConfig | None,
 ) -> ModelInfo:
     import torch
 
@@ -279,7 +281,7 @@ def _model_info(
         vocab_size=len(tok),
         pooling=(sentence.modes or None) if sentence else None,
         normalize=sentence.normalize if sentence else False,
-        dimension=families.served_dimension(sentence, config) if sentence else None,
+        dimension=outputs.served_dimension(sentence, config) if sentence else None,
         labels=labels if kind == "classifier" else (),
         entailment_id=entailment if kind == "classifier" else -1,
         prompts=MappingProxyType(dict(sentence.prompts)) if sentence else MappingProxyType({}),
@@ -302,18 +304,18 @@ def served_name(settings: Settings, model_id: str) -> str:
     return Path(model_id).name if Path(model_id).is_dir() else model_id
 
 
-def _sentence_config(model_id: str, settings: Settings) -> pooling.SentenceConfig | None:
+def _sentence_config(model_id: str, settings: Settings) -> st_config.SentenceConfig | None:
     """The sentence-transformers configuration of the model's folder (pooling, normalization,
     max_seq_length, prompts), or the `POOLING` setting's; None for token rows only.
     `POOLING=none` keeps token rows even for a sentence-transformers model."""
     if settings.pooling == "none":
         return None
     folder = _local_folder(model_id, settings)
-    found = pooling.read_sentence_config(folder) if folder is not None else None
+    found = st_config.read_sentence_config(folder) if folder is not None else None
     if settings.pooling is None:
         return found
     hidden = int(_config(model_id, settings).get("hidden_size") or 0)
-    chosen = pooling.config_for_pooling(settings.pooling, hidden)
+    chosen = st_config.config_for_pooling(settings.pooling, hidden)
     if found is None:
         return chosen
     if chosen.splade is not None:
@@ -328,7 +330,7 @@ def _warn_if_splade_as_fill_mask(model_id: str, settings: Settings, task: str) -
 
 
 def _masked_lm_for_splade(
-    pipe: Pipeline, weights: str, sentence: pooling.SentenceConfig | None, settings: Settings
+    pipe: Pipeline, weights: str, sentence: st_config.SentenceConfig | None, settings: Settings
 ) -> Any:
     """The pipeline's model, or for SPLADE the same weights with their masked-LM head (the
     feature-extraction pipeline loads the bare encoder), so the forward's first output is the

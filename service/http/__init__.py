@@ -1,2 +1,2 @@
-"""The HTTP edge: connections, framing and head limits, shedding from the
-request head, the request context and the refusals answered without the app."""
+"""The HTTP edge: connections, framing and head limits (`edge`, `framing`), shedding from the
+request head (`shed_gate`), and the request context (`context`)."""

@@ -1,7 +1,7 @@
 """The request context: an id per request, one log line and the request metrics per answer.
 
 `RequestContext` does it for every request that reaches the app; `service.http.edge` answers the
-sheds it decides from the head (`service.http.shed`) without the app, and uses the same pieces
+sheds it decides from the head (`service.http.shed_gate`) without the app, and uses the same pieces
 (`request_id`, `record`), so a shed looks the same in the log and the metrics either way.
 """
 

@@ -15,19 +15,21 @@
   (501). llhttp itself refuses Content-Length with Transfer-Encoding, a malformed or repeated
   Content-Length, control bytes in header values, obs-fold, bare CR or LF (tests/http/test_edge.py).
 
-Sheds decided from the head (`service.http.shed`) are answered here when the head ends, before an
+Sheds decided from the head (`service.http.shed_gate`) are answered here when the head ends, before
+an
 ASGI task, middleware or message exists: the app's shed gate leaves itself in the lifespan
 state (`HEAD_SHEDDER`) and gives the whole answer (`shed_now`), or None to let the app have the
 request.
 
-The shed budget (`service.http.shed_budget`, issue 24) bounds what sheds may cost the loop: each 503
+The shed budget (`service.admission.budget`, issue 24) bounds what sheds may cost the loop: each 503
 (written here, or by the app: `_AnswerTransport` sees its status line) is charged its CPU, and
 while the budget is spent an inference `POST` on a connection that did not wait for its last
 Retry-After is held with its connection not read (`_hold`), then decided again when the
 budget allows (`_release`).
 
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
-once per second per reason (`service.http.refusals`). A refusal waits for the answers already under
+once per second per reason (`service.admission.refusals`). A refusal waits for the answers already
+under
 way on its connection (pipelining), then closes it after a short linger (below).
 
 The app's own answers that close the connection before the request's body has all arrived
@@ -58,9 +60,9 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string,
 from uvicorn.server import ServerState
 
 from service import metrics
+from service.admission.budget import CPU_AT, ShedBudget, longest_hold
+from service.admission.refusals import Refusal, answer, record, throttled
 from service.http.framing import Framer, Step
-from service.http.refusals import Refusal, answer, record, throttled
-from service.http.shed_budget import CPU_AT, ShedBudget, longest_hold
 from service.settings import Settings, load_settings
 
 log = structlog.get_logger("service.edge")
@@ -312,7 +314,7 @@ class EdgeProtocol(HttpToolsProtocol):
                 return
         super()._start_asgi_task(cycle, app)
 
-    # The shed budget (service.http.shed_budget)
+    # The shed budget (service.admission.budget)
     def _charge(self, headers: list[tuple[bytes, bytes]], budget: ShedBudget | None) -> None:
         """After a shed written here: remember its Retry-After (a request before then did not
         wait) and charge the budget the loop CPU since this read began."""

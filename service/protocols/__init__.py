@@ -1,5 +1,6 @@
-"""Wire protocols: each parses its requests into one `service.engine.jobs.Job` and encodes answers.
-
-`hf` (the Hugging Face Inference API on `POST /`), `tei` (text-embeddings-inference's routes),
-`openai` (`/v1/embeddings`, `/v1/models`); `serving` is the one path they all go through.
+"""Wire protocols, grouped by what is served: `embedding/`, `classification/`, `rerank/`, `tokens/`;
+in each, one thin codec per dialect (`hf`: the Inference API on `POST /`, `tei`, `openai`) that
+parses its requests into one `service.engine.jobs.Job` and encodes the answers. `serving` is the
+one path they all go through; `inference_api` dispatches `POST /` to the loaded task's codec;
+`hf_shapes` and `tei_shapes` hold what one dialect's codecs share.
 """

@@ -21,9 +21,9 @@ import orjson
 from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from service.engine.model import ModelInfo
-from service.protocols import hf, schemas
-from service.protocols.openai import ModelList, OpenAIErrorResponse
+from service.engine.types import ModelInfo
+from service.protocols import inference_api, schemas
+from service.protocols.embedding.openai import ModelList, OpenAIErrorResponse
 from service.protocols.serving import Endpoint
 from service.settings import Settings
 
@@ -81,11 +81,11 @@ def document_bytes(info: ModelInfo, settings: Settings, endpoints: Sequence[Endp
 def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> dict[str, Any]:
     """The OpenAPI 3.1 document for the loaded model (see the module docstring)."""
     served = [e for e in endpoints if e.serves(info)]
-    hf_requests = hf.request_models(info)
+    hf_requests = inference_api.request_models(info)
     wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         *((m, "validation") for m in hf_requests),
         *((e.request, "validation") for e in served),
-        (hf.answer_model(info), "serialization"),
+        (inference_api.answer_model(info), "serialization"),
         *((e.response, "serialization") for e in served),
         (ErrorResponse, "serialization"),
         (OpenAIErrorResponse, "serialization"),
@@ -102,7 +102,7 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
                 "infer",
                 f"Inference ({info.task}), the Hugging Face Inference API",
                 _one_of([refs[(m, "validation")] for m in hf_requests]),
-                refs[(hf.answer_model(info), "serialization")],
+                refs[(inference_api.answer_model(info), "serialization")],
                 errors=root_errors,
                 secured=secured,
                 raw_text=_raw_text(info),

@@ -3,7 +3,8 @@
 Only arguments a client may sensibly choose are accepted (never `batch_size`,
 `num_workers`, `device` or `return_tensors`). Validation is strict: `"5"` and `2.5` are not an
 integer `top_k` (`5.0` is, as JSON Schema reads it). `null` means "the default", as if the key
-were absent. These models are validated as part of the request models (`service.protocols.hf`)
+were absent. These models are validated as part of the request models
+(`service.protocols.<task>.hf`)
 and appear in /openapi.json.
 """
 
@@ -70,7 +71,8 @@ class TokenClassificationParams(Params):
 class ZeroShotParams(Params):
     # A list of labels, or one string of comma-separated labels (as the pipeline takes).
     candidate_labels: list[str] | str
-    # `{}` (or `{0}`) where the label goes, no other braces (`service.protocols.hf.hypothesis`).
+    # `{}` (or `{0}`) where the label goes, no other braces
+    # (`service.protocols.classification.hf.hypothesis`).
     hypothesis_template: str = Field("This example is {}.", max_length=1000)
     multi_label: bool = False
 

@@ -11,18 +11,29 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.protocols import hf, openai, openapi, tei
+from service.protocols import inference_api, openapi
+from service.protocols.classification import tei as classification_tei
+from service.protocols.embedding import openai
+from service.protocols.embedding import tei as embedding_tei
+from service.protocols.rerank import tei as rerank_tei
 from service.protocols.serving import Endpoint, json_response, require_api_key, runtime_of, serve
+from service.protocols.tokens import tei as tokens_tei
 
 #: The TEI and OpenAI routes that submit model work (POST), in the document's order.
-ENDPOINTS: tuple[Endpoint, ...] = (*tei.ENDPOINTS, *openai.ENDPOINTS)
+ENDPOINTS: tuple[Endpoint, ...] = (
+    *embedding_tei.ENDPOINTS,
+    *classification_tei.ENDPOINTS,
+    *rerank_tei.ENDPOINTS,
+    *tokens_tei.ENDPOINTS,
+    *openai.ENDPOINTS,
+)
 #: Routes that submit model work: admission sheds them before the body is read
-#: (`service.http.shed`).
+#: (`service.http.shed_gate`).
 INFERENCE_PATHS = frozenset({"/", *(e.path for e in ENDPOINTS)})
 
 
 async def infer(request: Request) -> Response:
-    return await serve(request, hf.parse)
+    return await serve(request, inference_api.parse)
 
 
 def _route(endpoint: Endpoint) -> Route:

@@ -259,3 +259,9 @@ _KINDS = {
 def kind(value: object) -> str:
     """How a JSON value's type reads in a message ("a number", "an object", "null")."""
     return _KINDS.get(type(value), type(value).__name__)
+
+
+#: `inputs` of the Inference API and TEI: one text or a list of them.
+Texts = Annotated[
+    NonBlank | Annotated[list[NonBlank], inputs_list()], BeforeValidator(texts("inputs"))
+]

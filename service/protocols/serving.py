@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.engine.jobs import Job, Op
-from service.engine.model import ModelInfo
+from service.engine.types import ModelInfo
 from service.errors import Unauthorized, WrongTask
 from service.runtime.runtime import ClientGone, Runtime
 from service.settings import Settings

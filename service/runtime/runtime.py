@@ -25,10 +25,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
 
 from service import metrics
-from service.engine.batcher import Batcher, State
+from service.engine.batching.batcher import Batcher, State
+from service.engine.batching.queue import Item
 from service.engine.jobs import Unit
-from service.engine.model import ModelInfo
-from service.engine.work_queue import Item
+from service.engine.types import ModelInfo
 from service.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -148,7 +148,7 @@ class Runtime:
 
     def deadline(self, request: Request) -> float:
         """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it,
-        from the request's arrival (a held retry counts its hold, `service.http.shed`)."""
+        from the request's arrival (a held retry counts its hold, `service.http.shed_gate`)."""
         timeout = self.timeout(request.headers.get("x-request-timeout"))
         if timeout is None:
             raise BadRequest("X-Request-Timeout must be a positive number of seconds")

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from service.engine.batcher import Batcher, State
+from service.engine.batching.batcher import Batcher, State
+from service.engine.batching.queue import Item
 from service.engine.jobs import Op, Unit
 from service.engine.loading import load_engine
-from service.engine.model import Engine, Prepared
-from service.engine.work_queue import Item
+from service.engine.types import Engine, Prepared
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
 from service.settings import Settings
 
@@ -293,7 +293,7 @@ def answered_clients_return(
     """After a batch of 4 (1 s long), with 4 inputs already pooled, the 4 answered clients'
     requests arrive `gap_s` apart (the first after one gap). Returns the pool's size when
     `_await_answered_clients` returns, and how long it waited."""
-    import service.engine.batcher as batcher_module
+    import service.engine.batching.batcher as batcher_module
 
     monkeypatch.setattr(batcher_module, "_QUIET_S", quiet_s)  # wide margins for a busy CI
     b = Batcher(Settings(max_batch_size=32, max_queue_size=64))

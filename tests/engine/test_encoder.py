@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.engine.encoder import EncoderEngine
+from service.engine.forward.encoder import EncoderEngine
 from service.engine.jobs import Op, Unit
 from service.engine.loading import load_engine
-from service.engine.model import Prepared
+from service.engine.types import Prepared
 from service.errors import InvalidInput
 from service.settings import Settings
 

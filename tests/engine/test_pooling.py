@@ -21,20 +21,19 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling
 from transformers import AutoModel, AutoTokenizer
 
-from service.engine.pooling import (
+from service.engine.batching.policy import partition
+from service.engine.pooling.pool import finish, pool
+from service.engine.st_config import (
     MODES,
     SentenceConfig,
     UnsupportedModel,
     config_for_pooling,
     configure_tokenizer,
-    finish,
-    pool,
     prompt_length,
     read_sentence_config,
     resolve_prompt,
     st_text,
 )
-from service.engine.selection import partition
 
 LONG = " ".join(["paris is the capital of france and berlin is a big city"] * 30)  # > 256 tokens
 TEXTS = [
@@ -47,7 +46,7 @@ TEXTS = [
 # A BERT padded on the left gives a text other position ids, and so another embedding, in each
 # batch length: SentenceTransformer's own answer for "hello" changes with what it is batched
 # with. The server splits a request's inputs when padding costs more than a batch's overhead
-# (`service.engine.selection`, calibrated at start, at least 8 tokens), as it did once with
+# (`service.engine.batching.policy`, calibrated at start, at least 8 tokens), as it did once with
 # TEXTS (LONG alone, the rest in a batch of 18 tokens against ST's 64). These lengths, 3-8
 # tokens with the test tokenizer, differ too little for any split to pay, so server and ST pad
 # them as one batch.

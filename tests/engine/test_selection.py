@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from service.engine.selection import MAX_PASSES, best_run, partition
+from service.engine.batching.policy import MAX_PASSES, best_run, partition
 
 
 def cost(tokens: list[int], runs: list[tuple[int, int]], overhead: float) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
-from service.http.shed import ShedGate
+from service.http.shed_gate import ShedGate
 from service.settings import Settings
 
 QUEUE = 4

@@ -16,7 +16,7 @@ from helpers import app_client
 from starlette.testclient import TestClient
 
 from service.engine.loading import served_name
-from service.protocols.hf import hypothesis
+from service.protocols.classification.hf import hypothesis
 from service.settings import Settings
 
 TEXT = "paris is the capital of france"

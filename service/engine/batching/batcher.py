@@ -2,7 +2,8 @@
 
 One thread owns the model. It loads and warms it up, then loops: block for the first queued
 input, tokenize what arrived, pick the next batch from everything waiting (padding-aware, one
-parameter set, at most MAX_BATCH_SIZE: `service.engine.selection`), wait at most MAX_BATCH_WAIT_MS
+parameter set, at most MAX_BATCH_SIZE: `service.engine.batching.policy`), wait at most
+MAX_BATCH_WAIT_MS
 from when the batch starts forming (default 0: an idle server starts at once), drop what was
 cancelled or expired, run the pipeline once, and resolve each future.
 
@@ -28,12 +29,13 @@ from typing import Any
 import structlog
 
 from service import metrics
-from service.engine.admission import ServiceTimeEstimate
+from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.batching.policy import MAX_PASSES, best_run
+from service.engine.batching.queue import Item, WorkQueue
 from service.engine.jobs import NO_FORWARD
 from service.engine.loading import load_engine
-from service.engine.model import Engine, ModelInfo, calibrate, prepare_each, warm_up
-from service.engine.selection import MAX_PASSES, best_run
-from service.engine.work_queue import Item, WorkQueue
+from service.engine.types import Engine, ModelInfo, prepare_each
+from service.engine.warmup import calibrate, warm_up
 from service.errors import (
     DeadlineExceeded,
     Draining,
@@ -274,7 +276,8 @@ class Batcher:
             self.queue.release(gone)
 
     def _select(self) -> list[Item]:
-        """The next batch from the pool: padding-aware (see `service.engine.selection`), including
+        """The next batch from the pool: padding-aware (see `service.engine.batching.policy`),
+        including
         any input that has waited too long or whose deadline is near. Units of every op and
         parameter set share batches: parameters only change each unit's own tokenization and
         answer, never the forward."""
@@ -319,7 +322,7 @@ class Batcher:
         ]
         if not live:
             return
-        self.queue.started(live)  # their requests run (`service.engine.occupancy`)
+        self.queue.started(live)  # their requests run (`service.engine.batching.occupancy`)
         now = time.monotonic()
         for item in live:
             metrics.QUEUE_WAIT.observe(now - item.enqueued_at)

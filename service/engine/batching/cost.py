@@ -1,6 +1,7 @@
 """Admission: the service-time estimate behind deadline-aware shedding and `Retry-After`.
 
-The cost model is the one the batch selector uses (`service.engine.selection`): a batch of n inputs
+The cost model is the one the batch selector uses (`service.engine.batching.policy`): a batch of n
+inputs
 padded to L tokens takes `sec_per_token x (overhead_tokens + n x L)`. `sec_per_token` and the
 padded tokens per input are exponentially weighted moving averages over every batch run, so
 the estimate follows the lengths and batch sizes the load actually forms (a per-input average

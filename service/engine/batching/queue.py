@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service import metrics
-from service.engine.admission import ServiceTimeEstimate
+from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.batching.occupancy import Occupancy, RequestTally
 from service.engine.jobs import Unit
-from service.engine.model import Prepared
-from service.engine.occupancy import Occupancy, RequestTally
+from service.engine.types import Prepared
 from service.errors import Overloaded
 
 
@@ -41,7 +41,8 @@ class WorkQueue:
 
     `depth` counts every input waiting: handed over but not yet in a running batch. The lock
     is held only for list operations, so the event loop never waits on inference.
-    `occupancy` counts requests instead of inputs (waiting, running: `service.engine.occupancy`).
+    `occupancy` counts requests instead of inputs (waiting, running:
+    `service.engine.batching.occupancy`).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -79,7 +80,8 @@ class WorkQueue:
         (TEI's `try_acquire_permit`), so a request that would wait past its deadline is
         refused now instead of expiring in the queue (counted when answered: `errors.shed`
         reasons). Called by `offer`
-        under the lock, and from the request head (`service.http.shed`) without it: a stale read
+        under the lock, and from the request head (`service.http.shed_gate`) without it: a stale
+        read
         there only decides one request a batch late, and `offer` decides again."""
         depth = self._depth
         if depth + n > self.capacity:

@@ -35,10 +35,10 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import metrics
+from service.admission.budget import CPU_AT, ShedBudget
 from service.errors import Overloaded, Unavailable, error_content
 from service.http import context
 from service.http.edge import HEAD_SHEDDER, Answer
-from service.http.shed_budget import CPU_AT, ShedBudget
 from service.runtime.runtime import Runtime, arrival
 
 # Connections shed lately are remembered until their Retry-After passes; the expired ones are
@@ -47,7 +47,7 @@ _PURGE_EVERY_S = 5.0
 
 Key = tuple[object, str, bytes | None]  # (client (host, port), path, Content-Length)
 # set in a request's state by `shed_now`: no shed from its head
-_PASSED = "service.http.shed.passed"
+_PASSED = "service.http.shed_gate.passed"
 
 
 class ShedGate:

@@ -25,9 +25,10 @@ import numpy as np
 
 from service.backends import Backend
 from service.backends.torch_backend import TorchBackend
-from service.engine import families, pooling
+from service.engine import st_config
 from service.engine.jobs import Counted, Op, Unit
-from service.engine.model import ModelInfo, Prepared, prepare_each
+from service.engine.pooling import outputs
+from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class EncoderEngine:
         self,
         pipe: Pipeline,
         info: ModelInfo,
-        sentence: pooling.SentenceConfig | None,
+        sentence: st_config.SentenceConfig | None,
         backend: Backend | None = None,
     ) -> None:
         self.pipe = pipe
@@ -65,7 +66,7 @@ class EncoderEngine:
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
         self.types = "token_type_ids" in tok.model_input_names
         self._prompt_tokens: dict[str, int] = {}
-        self.heads = families.load_heads(sentence, pipe.device)  # Dense modules, float32
+        self.heads = outputs.load_heads(sentence, pipe.device)  # Dense modules, float32
 
     # -- per unit ------------------------------------------------------------------------
     def prepare(self, unit: Unit) -> Prepared:
@@ -125,7 +126,7 @@ class EncoderEngine:
         assert unit.text is not None
         prompt = self._prompt(unit)
         if self.sentence is not None:
-            return pooling.st_text(unit.text, self.sentence, prompt)
+            return st_config.st_text(unit.text, self.sentence, prompt)
         return prompt + unit.text if prompt else unit.text
 
     def _prompt(self, unit: Unit) -> str | None:
@@ -186,7 +187,7 @@ class EncoderEngine:
         if name is None or self.sentence is None or self.sentence.include_prompt:
             return 0
         if name not in self._prompt_tokens:
-            self._prompt_tokens[name] = pooling.prompt_length(self.tok, self.info.prompts[name])
+            self._prompt_tokens[name] = st_config.prompt_length(self.tok, self.info.prompts[name])
         return self._prompt_tokens[name]
 
     def _tokens(self, unit: Unit) -> list[dict[str, Any]]:
@@ -248,8 +249,8 @@ class EncoderEngine:
         hidden = first.float()  # a no-op for the backends' float32 output
         answers: list[Any] = [None] * len(batch)
         for found in (
-            families.embed_rows(self, batch, hidden, mask),
-            families.sparse_rows(self, batch, hidden, mask),
+            outputs.embed_rows(self, batch, hidden, mask),
+            outputs.sparse_rows(self, batch, hidden, mask),
         ):
             for i, answer in found.items():
                 answers[i] = answer

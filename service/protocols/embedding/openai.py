@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.engine.jobs import Counted, Job, Op
-from service.engine.model import ModelInfo
-from service.protocols import tei
+from service.engine.types import ModelInfo
+from service.protocols import tei_shapes
+from service.protocols.embedding.common import dimension_warning, embedding_params
 from service.protocols.encodings import Encoding, encode_vector
-from service.protocols.hf import dimension_warning, embedding_params
 from service.protocols.schemas import Dimensions, decode, inputs_list, validate
 from service.protocols.serving import (
     Endpoint,
@@ -46,8 +46,8 @@ OWNED_BY = "pipeline-server"
 
 #: TEI's `Input`, its messages naming `input`.
 Input = Annotated[
-    tei.InputType | Annotated[list[tei.InputType], inputs_list()],
-    BeforeValidator(tei.embed_inputs("input")),
+    tei_shapes.InputType | Annotated[list[tei_shapes.InputType], inputs_list()],
+    BeforeValidator(tei_shapes.embed_inputs("input")),
 ]
 
 
@@ -137,7 +137,7 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         }
 
     headers = dimension_warning(info, r.dimensions)
-    return Job(tei.units(Op.EMBED, r.input, params), finish, headers=headers)
+    return Job(tei_shapes.units(Op.EMBED, r.input, params), finish, headers=headers)
 
 
 async def models(request: Request) -> Response:

@@ -1,9 +1,6 @@
-"""The engines' shared types, and the pipeline engine (fill-mask, token-classification).
+"""The pipeline engine (fill-mask, token-classification).
 
-Only the inference thread calls into the engines (torch and transformers are imported lazily,
-so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines serve
-the tasks: `service.engine.encoder.EncoderEngine` runs text encoders and classifiers on batches it
-pads itself; `PipelineEngine` (here) runs tasks whose pre- and post-processing is the pipeline's own
+`PipelineEngine` runs tasks whose pre- and post-processing is the pipeline's own
 (fill-mask, token-classification) through the pipeline's `preprocess` / `forward` /
 `postprocess`, so answers stay the pipeline's; what we own there is how inputs are grouped and
 collated (`pad_collate_fn`, the pipeline's own collator) and how padded outputs are cut back to
@@ -12,12 +9,12 @@ each input's own length.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
-from service.engine.jobs import Hashable, Op, Unit, params_key
+from service.engine.jobs import Hashable, Unit, params_key
+from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -25,126 +22,12 @@ if TYPE_CHECKING:
 
 
 _MAX_CACHED_PARAMETER_SETS = 256
+
+
 # Fill-mask answers at most this many predictions per input (mask tokens x top_k). The pipeline
 # decodes the whole input once per prediction, so without a bound one short request with many
 # masks and a top_k clamped to the vocabulary held the model for minutes (README, Parameters).
 MAX_FILL_MASK_PREDICTIONS = 1000
-
-Kind = Literal["encoder", "classifier", "pipeline"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelInfo:
-    """What the event loop needs to know about the loaded model (read-only, set once).
-
-    `kind`: which engine serves it; `ops`: the units it computes (`service.engine.jobs.Op`);
-    `pooling`: the sentence-embedding pooling modes (None: token rows only); `normalize`: the
-    model's own pipeline ends in a Normalize module; `dimension`: the embedding width;
-    `labels`: the classifier's labels by index; `entailment_id`: the NLI label zero-shot reads
-    (-1: none); `prompts`: the sentence-transformers prompts by name.
-    """
-
-    model_id: str
-    revision: str | None
-    task: str
-    kind: Kind
-    ops: frozenset[Op]
-    device: str
-    dtype: str
-    torch_threads: int
-    max_input_tokens: int
-    mask_token: str | None
-    vocab_size: int
-    pooling: tuple[str, ...] | None = None
-    normalize: bool = False
-    dimension: int | None = None
-    labels: tuple[str, ...] = ()
-    entailment_id: int = -1
-    prompts: Mapping[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    served_name: str = ""  # the name answers give the model (OpenAI's `model`): no paths
-    sparse: bool = False  # a SPLADE model: sparse embeddings (`Op.SPARSE`), `dimension` = vocab
-    modules: tuple[str, ...] = ()  # the sentence-transformers module chain, for /info
-    matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
-    # How batches are computed (`service.backends`): "torch" or "onnx", and /info's `backend`
-    # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
-    backend: str = "torch"
-    backend_summary: Mapping[str, Any] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        """What the model is and how it answers, for /info and the `model_ready` log line."""
-        return {
-            "model_id": self.model_id,
-            "served_name": self.served_name,
-            "revision": self.revision,
-            "task": self.task,
-            "device": self.device,
-            "dtype": self.dtype,
-            "torch_threads": self.torch_threads,
-            "max_input_tokens": self.max_input_tokens,
-            "pooling": list(self.pooling) if self.pooling else None,
-            "normalize": self.normalize,
-            "dimension": self.dimension,
-            "labels": list(self.labels) or None,
-            "mask_token": self.mask_token,
-            "vocab_size": self.vocab_size,
-            "prompts": sorted(self.prompts) or None,
-            "default_prompt_name": self.default_prompt_name,
-            "sparse": self.sparse,
-            "modules": list(self.modules) or None,
-            "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
-            "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
-        }
-
-
-def _matryoshka(dims: tuple[int, ...] | None) -> list[int] | str | None:
-    """/info's view: the widths it was trained for, "any", or None (not trained for cuts)."""
-    return None if dims is None else (list(dims) or "any")
-
-
-@dataclass(eq=False, kw_only=True)
-class Prepared:
-    """One unit after tokenization: what its engine needs to run it in a batch.
-
-    `n_tokens`: its padded length (padding decides cost); `payload`: the engine's own (the
-    pipeline's preprocessed chunks, or `service.engine.encoder.Encoded`); `answer`: set instead for
-    ops that need no forward (tokenize, decode)."""
-
-    unit: Unit
-    n_tokens: int
-    payload: Any = None
-    answer: Any = None
-
-
-class Engine(Protocol):
-    """What the batcher needs of an engine. Inference thread only."""
-
-    info: ModelInfo
-
-    def prepare(self, unit: Unit) -> Prepared:
-        """Tokenize `unit` (exact length checks); raises `InvalidInput` for a bad input."""
-        ...
-
-    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
-        """`prepare` for each unit, in order; a unit's failure is its entry (the exception)."""
-        ...
-
-    def run(self, batch: list[Prepared]) -> list[Any]:
-        """Each unit's answer, in order, from one forward pass; raises what the model raises."""
-        ...
-
-
-def prepare_each(
-    prepare: Callable[[Unit], Prepared], units: Sequence[Unit]
-) -> list[Prepared | Exception]:
-    """`prepare(unit)` for each unit, in order, an exception it raised standing in its place."""
-    out: list[Prepared | Exception] = []
-    for unit in units:
-        try:
-            out.append(prepare(unit))
-        except Exception as exc:
-            out.append(exc)
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,55 +194,3 @@ def _safe(exc: BaseException) -> str:
     """An exception's message, made safe to show: one line, short, no paths."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:300] if "/" not in text else type(exc).__name__
-
-
-@dataclass(frozen=True)
-class BatchCost:
-    """A batch of `padded` tokens costs `sec_per_token x (overhead_tokens + padded)` seconds."""
-
-    overhead_tokens: float
-    sec_per_token: float
-
-
-def sample_unit(info: ModelInfo, text: str) -> Unit:
-    """A unit of the op that carries this model's usual traffic, on `text` cut to the model's
-    limit (fill-mask gets the mask token appended): for warm-up and calibration."""
-    if info.kind == "pipeline":
-        suffix = f" {info.mask_token}" if info.mask_token else ""
-        return Unit(op=Op.PIPELINE, text=text + suffix, params={"truncation": True})
-    op = Op.LOGITS if info.kind == "classifier" else Op.EMBED if info.pooling else Op.ROWS
-    op = Op.SPARSE if info.sparse else op
-    return Unit(op=op, text=text, params={"truncate": True})
-
-
-def calibrate(engine: Engine) -> BatchCost:
-    """Fit the batch cost model from a 1 x 64-token batch and a 16 x 64-token batch, best of 3
-    each (warm, unlike the first call). Both are 64 tokens long, so the fitted overhead also
-    holds what large batches gain per token (better-filled matrix products), not only the
-    fixed cost of a call. Clamped to [8, 4096] tokens. The selector trades padding against the
-    overhead; admission starts from this model."""
-    word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
-    one = [engine.prepare(sample_unit(engine.info, word * min(61, engine.info.max_input_tokens)))]
-    many = one * 16
-
-    def best_of_3(batch: list[Prepared]) -> tuple[float, int]:
-        times = []
-        for _ in range(3):
-            started = time.perf_counter()
-            engine.run(batch)
-            times.append(time.perf_counter() - started)
-        return min(times), len(batch) * max(p.n_tokens for p in batch)
-
-    t_one, p_one = best_of_3(one)
-    t_many, p_many = best_of_3(many)
-    per_token = max(t_many - t_one, 1e-9) / max(p_many - p_one, 1)
-    overhead = min(max(max(t_one - per_token * p_one, 0.0) / per_token, 8.0), 4096.0)
-    return BatchCost(overhead_tokens=overhead, sec_per_token=t_one / (overhead + p_one))
-
-
-def warm_up(engine: Engine) -> float:
-    """Run one batch of two inputs through the same path as traffic; return its seconds."""
-    texts = ["Warm up", "A somewhat longer sentence to warm the model up"]
-    started = time.perf_counter()
-    engine.run([engine.prepare(sample_unit(engine.info, t)) for t in texts])
-    return time.perf_counter() - started

@@ -1,7 +1,8 @@
 """A budget for sheds: the share of the event loop's CPU that answering 503s may take (issue 24).
 
 Each shed is cheap, but thousands a second still take the loop's core, and on a small machine
-that comes out of the model: goodput falls whatever the tarpit (`service.http.shed`) recognises as a
+that comes out of the model: goodput falls whatever the tarpit (`service.http.shed_gate`)
+recognises as a
 retry. The budget bounds what shedding may cost rather than guessing which requests are retries.
 
 The rule
@@ -80,7 +81,7 @@ _MIN_CHARGE_S = 0.00025
 # measure's two ends (each await), which is not this shed's.
 _MAX_CHARGE_S = 0.002
 # a request's state: the loop's CPU clock as the app began
-CPU_AT = "service.http.shed_budget.cpu_at"
+CPU_AT = "service.admission.budget.cpu_at"
 
 
 def longest_hold(shed_after_holds: int) -> float:

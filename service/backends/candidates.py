@@ -2,7 +2,7 @@
 
 `auto` never guesses: every candidate this machine runs natively is built, timed on warm-up
 batches (1, 8 and 32 inputs) and checked against torch float32 on fixed texts
-(`service.backends.choice`); the fastest that passes is served. Candidates:
+(`service.backends.ranking`); the fastest that passes is served. Candidates:
 - torch float32: the reference, always;
 - onnxruntime float32 (CPU): exported once, cached (`service.backends.export`);
 - torch bfloat16 on a CPU with native bfloat16 (AVX512-BF16 or AMX: elsewhere torch emulates
@@ -22,7 +22,8 @@ from typing import Any
 import structlog
 
 from service.backends import Backend
-from service.backends.choice import (
+from service.backends.quality import classifier_quality, embedding_quality
+from service.backends.ranking import (
     Candidate,
     Compare,
     Measured,
@@ -32,7 +33,6 @@ from service.backends.choice import (
     measure,
     route,
 )
-from service.backends.quality import classifier_quality, embedding_quality
 from service.backends.routed import RoutedBackend
 from service.backends.torch_backend import TorchBackend, converted
 
@@ -150,7 +150,7 @@ def choose_backend(
 
 def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started: float) -> Choice:
     """The choice for `plan`: one backend, or two (`RoutedBackend`) when small batches run
-    faster on another passing candidate (`service.backends.choice.route`)."""
+    faster on another passing candidate (`service.backends.ranking.route`)."""
     measured = tuple(m for m, _ in results)
     large = results[plan.large][1]
     assert large is not None

@@ -1,9 +1,10 @@
-"""Sentence embeddings as sentence-transformers makes them: read its config, pool, finish.
+"""Reading a sentence-transformers folder: its modules, pooling config, prompts and tokenizer setup.
 
 `SentenceTransformer(folder).encode(texts)` is Transformer -> Pooling -> (Normalize). We run the
-transformer ourselves on one padded batch; this module owns the rest, equal to sentence-
-transformers 6.2 within float32 rounding. Reading a folder needs no torch (the event loop may
-call `read_sentence_config`); `pool` and `finish` import torch and run in the inference thread.
+transformer ourselves on one padded batch; this module reads what the rest must do
+(`service.engine.pooling.pool` computes it), equal to sentence-transformers 6.2 within float32
+rounding.
+Reading a folder needs no torch (the event loop may call `read_sentence_config`).
 
 How sentence-transformers 6 tokenizes (so the server can call the tokenizer itself):
 `tokenizer(texts, padding=True, truncation="longest_first", return_tensors="pt")`, special
@@ -17,17 +18,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from service.engine.heads import DenseSpec, UnsupportedHead, read_dense
-from service.engine.sparse import ACTIVATIONS, STRATEGIES, SpladeSpec
+from service.engine.pooling.heads import DenseSpec, UnsupportedHead, read_dense
+from service.engine.pooling.sparse import ACTIVATIONS, STRATEGIES, SpladeSpec
 from service.errors import InvalidInput
-
-if TYPE_CHECKING:
-    import torch
 
 # ST 6 concatenates modes in the order `pooling_mode` lists them; legacy booleans in this order.
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+
+
 _LEGACY_MODE_KEYS = {  # pre-6 `1_Pooling/config.json` booleans, in the same order
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
@@ -36,15 +36,29 @@ _LEGACY_MODE_KEYS = {  # pre-6 `1_Pooling/config.json` booleans, in the same ord
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+
+
 _MODE_ALIASES = {"last-token": "lasttoken", "last_token": "lasttoken"}  # TEI's POOLING spelling
+
+
 # The module classes we apply, by class name (5.x `sentence_transformers.models.X` and
 # `sentence_transformers.sparse_encoder.models.X`, 6.x `sentence_transformers.<area>.modules.
 # <module>.X` name the same classes); the layouts are checked by `_check_layout`.
 _KNOWN = ("Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling")
+
+
 _DENSE_LAYOUT = "Transformer -> Pooling -> Dense (any number) -> optional Normalize"
+
+
 _SPARSE_LAYOUT = "Transformer (fill-mask) or MLMTransformer -> SpladePooling"
+
+
 _MODEL_TYPES = ("SentenceTransformer", "SparseEncoder")
+
+
 _DEFAULT_PROMPTS = {"query": "", "document": ""}  # every SentenceTransformer has these
+
+
 _TRANSFORMER_CONFIGS = tuple(  # the names ST tries, first found wins
     f"sentence_{name}_config.json"
     for name in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
@@ -273,9 +287,6 @@ def _check_normalize(config_file: Path, where: str) -> None:
         raise UnsupportedModel(f"Normalize module ({where}) on token rows is not supported")
 
 
-# -- text and tokens (before the forward) ------------------------------------------------
-
-
 def resolve_prompt(config: SentenceConfig, prompt_name: str | None = None) -> str:
     """The prompt `encode(prompt_name=...)` prepends: the named one, else the default prompt
     name's, else none (""). Raises `InvalidInput` for a name the model does not have."""
@@ -327,73 +338,3 @@ def prompt_length(tokenizer: Any, prompt: str) -> int:
         return 0
     ids = tokenizer(prompt, truncation="longest_first")["input_ids"]
     return len(ids) - int(bool(ids) and ids[-1] in tokenizer.all_special_ids)
-
-
-# -- pooling (after the forward) ----------------------------------------------------------
-
-
-def pool(
-    hidden: torch.Tensor,
-    attention_mask: torch.Tensor,
-    modes: tuple[str, ...],
-    prompt_lengths: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Pool token rows [B, L, H] under `attention_mask` [B, L] into [B, H x len(modes)] float32.
-
-    Equal to ST's Pooling on the same padded batch, right or left padded. `prompt_lengths` [B]
-    (from `prompt_length`) leaves each row's first tokens out, counted from its first real
-    token (include_prompt=False); weightedmean keeps the original position weights, cls takes
-    the first token after the prompt. Pad rows never reach a real row's answer.
-    """
-    import torch
-
-    h = hidden.float()  # ST accumulates half precision in float32 too
-    mask = attention_mask.to(device=h.device, dtype=torch.bool)
-    positions = torch.arange(mask.shape[1], device=h.device).unsqueeze(0)  # [1, L]
-    first = mask.int().argmax(dim=1, keepdim=True)  # [B, 1]: left padding's offset
-    if prompt_lengths is not None:
-        mask = mask & (positions >= first + prompt_lengths.to(h.device).view(-1, 1))
-    rows = torch.arange(h.shape[0], device=h.device)
-    keep = mask.unsqueeze(-1)  # [B, L, 1]
-    zeroed = h.masked_fill(~keep, 0.0)
-    count = mask.sum(dim=1, keepdim=True).float().clamp(min=1e-9)  # [B, 1]
-    out: list[torch.Tensor] = []
-    for mode in modes:
-        if mode == "cls":  # the first kept token
-            out.append(h[rows, mask.int().argmax(dim=1)])
-        elif mode == "max":
-            out.append(h.masked_fill(~keep, float("-inf")).amax(dim=1))
-        elif mode == "mean":
-            out.append(zeroed.sum(dim=1) / count)
-        elif mode == "mean_sqrt_len_tokens":
-            out.append(zeroed.sum(dim=1) / count.sqrt())
-        elif mode == "weightedmean":  # weight 1 on the first real token, 2 on the next, ...
-            weights = ((positions - first + 1) * mask).float().unsqueeze(-1)
-            out.append((zeroed * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
-        elif mode == "lasttoken":  # the last kept token; zeros when none is kept
-            last = mask.shape[1] - 1 - mask.flip(1).int().argmax(dim=1)
-            out.append(zeroed[rows, last])
-        else:
-            raise UnsupportedModel(f"pooling mode {mode!r} is not supported; use {MODES}")
-    return torch.cat(out, dim=-1)
-
-
-def normalize_rows(x: torch.Tensor) -> torch.Tensor:
-    """L2-normalize each row (ST's Normalize: `F.normalize(p=2, dim=-1)`, eps 1e-12)."""
-    import torch.nn.functional as F
-
-    return F.normalize(x, p=2, dim=-1)
-
-
-def finish(x: torch.Tensor, *, normalize: bool, dimensions: int | None) -> torch.Tensor:
-    """Cut [B, D] to its first `dimensions` columns (Matryoshka), then L2-normalize if asked.
-
-    Cut first, so a cut vector is unit length again, as OpenAI's `dimensions` answers (ST's
-    `truncate_dim` cuts after its Normalize module, leaving shorter vectors). Raises ValueError
-    for `dimensions` outside 1..D.
-    """
-    if dimensions is not None:
-        if not 1 <= dimensions <= x.shape[-1]:
-            raise ValueError(f"dimensions must be 1..{x.shape[-1]}, not {dimensions}")
-        x = x[:, :dimensions]
-    return normalize_rows(x) if normalize else x

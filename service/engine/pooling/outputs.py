@@ -4,7 +4,7 @@ pooling of MLM logits, and the start checks on both (served width, finite output
 `EncoderEngine.run` computes the model's first output once per batch; the answers of
 `Op.EMBED` and `Op.SPARSE` units are made here from that output and the batch's attention
 mask, as sentence-transformers' modules after its Transformer do (`service.engine.pooling`,
-`service.engine.heads`, `service.engine.sparse`). Inference thread only.
+`service.engine.pooling.heads`, `service.engine.pooling.sparse`). Inference thread only.
 """
 
 from __future__ import annotations
@@ -15,25 +15,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 
-from service.engine import heads, pooling, sparse
-from service.engine.jobs import Op, Unit
-from service.engine.model import Prepared
+from service.engine import st_config
+from service.engine.jobs import Op
+from service.engine.pooling import heads, sparse
+from service.engine.pooling.pool import finish, pool
+from service.engine.types import Prepared
 
 if TYPE_CHECKING:
     import torch
 
-    from service.engine.encoder import EncoderEngine
+    from service.engine.forward.encoder import EncoderEngine
 
 log = structlog.get_logger("service.families")
 
-_CHECK_TEXTS = ("Warm up", "A somewhat longer sentence to check the model's outputs")
 
-
-class NonFiniteOutput(ValueError):
-    """The model gives NaN or infinite embeddings at start (e.g. EmbeddingGemma in float16)."""
-
-
-def load_heads(sentence: pooling.SentenceConfig | None, device: Any) -> tuple[heads.DenseHead, ...]:
+def load_heads(
+    sentence: st_config.SentenceConfig | None, device: Any
+) -> tuple[heads.DenseHead, ...]:
     """The folder's Dense modules, loaded in order on `device` (none without a config)."""
     if sentence is None or not sentence.dense:
         return ()
@@ -41,10 +39,10 @@ def load_heads(sentence: pooling.SentenceConfig | None, device: Any) -> tuple[he
     try:
         return tuple(heads.load_dense(folder, spec, device) for spec in sentence.dense)
     except heads.UnsupportedHead as exc:
-        raise pooling.UnsupportedModel(str(exc)) from None
+        raise st_config.UnsupportedModel(str(exc)) from None
 
 
-def served_dimension(sentence: pooling.SentenceConfig, config: Any) -> int:
+def served_dimension(sentence: st_config.SentenceConfig, config: Any) -> int:
     """The width answers really have: the vocabulary (SPLADE), the last Dense module's
     `out_features`, else the model's hidden size x pooling modes, read from the loaded
     model's config (a Pooling config may declare another width: it is logged, not served).
@@ -65,7 +63,7 @@ def served_dimension(sentence: pooling.SentenceConfig, config: Any) -> int:
     if sentence.dense:
         first = sentence.dense[0]
         if first.in_features != pooled:
-            raise pooling.UnsupportedModel(
+            raise st_config.UnsupportedModel(
                 f"Dense module ({first.path}) takes {first.in_features} features but pooling "
                 f"gives {pooled} (hidden size x modes)"
             )
@@ -88,13 +86,13 @@ def embed_rows(
     index = torch.tensor(rows, device=hidden.device)
     prompt = torch.tensor([batch[i].payload.prompt_tokens for i in rows])
     mask = mask.to(hidden.device)
-    vectors = pooling.pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
+    vectors = pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
     vectors = heads.apply_dense(vectors, engine.heads)
     out = {}
     for j, i in enumerate(rows):
         params = batch[i].unit.params
         out[i] = (
-            pooling.finish(
+            finish(
                 vectors[j : j + 1],
                 normalize=bool(params.get("normalize", True)),
                 dimensions=params.get("dimensions"),
@@ -123,27 +121,3 @@ def sparse_rows(
         top = batch[i].unit.params.get("max_active_dims")
         out[i] = sparse.to_sparse(sparse.keep_top(weights[j : j + 1], top)[0])
     return out
-
-
-def check_finite(engine: EncoderEngine) -> EncoderEngine:
-    """Run two texts through the engine as traffic would; raise `NonFiniteOutput` (one line,
-    naming the dtype) when any answer holds NaN or inf. Returns the engine."""
-    info = engine.info
-    op = Op.SPARSE if info.sparse else Op.EMBED if info.pooling else None
-    if op is None:
-        return engine
-    units = [Unit(op=op, text=t, params={"truncate": True}) for t in _CHECK_TEXTS]
-    answers = engine.run([engine.prepare(u) for u in units])
-    values = [a.values if isinstance(a, sparse.SparseVector) else a for a in answers]
-    if all(np.isfinite(v).all() for v in values):
-        return engine
-    hint = (
-        "its weights give NaN or inf even in float32 (a broken checkpoint?)"
-        if info.dtype == "float32"
-        else "serve it in float32 (DTYPE=float32); some models, e.g. EmbeddingGemma, overflow "
-        "in float16"
-    )
-    raise NonFiniteOutput(
-        f"the model's embeddings are not finite (NaN or inf) in {info.dtype} on "
-        f"{info.device}: {hint}"
-    )

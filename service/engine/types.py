@@ -1,0 +1,136 @@
+"""The engines' shared types: what the loaded model is (`ModelInfo`), a prepared input
+(`Prepared`), and the `Engine` protocol both engines implement.
+
+Only the inference thread calls into the engines (torch and transformers are imported lazily,
+so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines serve
+the tasks: `service.engine.forward.encoder.EncoderEngine` runs text encoders and classifiers on
+batches it
+pads itself; `service.engine.forward.pipeline.PipelineEngine` runs tasks whose pre- and
+post-processing is
+the pipeline's own (fill-mask, token-classification).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from service.engine.jobs import Op, Unit
+
+Kind = Literal["encoder", "classifier", "pipeline"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo:
+    """What the event loop needs to know about the loaded model (read-only, set once).
+
+    `kind`: which engine serves it; `ops`: the units it computes (`service.engine.jobs.Op`);
+    `pooling`: the sentence-embedding pooling modes (None: token rows only); `normalize`: the
+    model's own pipeline ends in a Normalize module; `dimension`: the embedding width;
+    `labels`: the classifier's labels by index; `entailment_id`: the NLI label zero-shot reads
+    (-1: none); `prompts`: the sentence-transformers prompts by name.
+    """
+
+    model_id: str
+    revision: str | None
+    task: str
+    kind: Kind
+    ops: frozenset[Op]
+    device: str
+    dtype: str
+    torch_threads: int
+    max_input_tokens: int
+    mask_token: str | None
+    vocab_size: int
+    pooling: tuple[str, ...] | None = None
+    normalize: bool = False
+    dimension: int | None = None
+    labels: tuple[str, ...] = ()
+    entailment_id: int = -1
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    served_name: str = ""  # the name answers give the model (OpenAI's `model`): no paths
+    sparse: bool = False  # a SPLADE model: sparse embeddings (`Op.SPARSE`), `dimension` = vocab
+    modules: tuple[str, ...] = ()  # the sentence-transformers module chain, for /info
+    matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
+    # How batches are computed (`service.backends`): "torch" or "onnx", and /info's `backend`
+    # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
+    backend: str = "torch"
+    backend_summary: Mapping[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """What the model is and how it answers, for /info and the `model_ready` log line."""
+        return {
+            "model_id": self.model_id,
+            "served_name": self.served_name,
+            "revision": self.revision,
+            "task": self.task,
+            "device": self.device,
+            "dtype": self.dtype,
+            "torch_threads": self.torch_threads,
+            "max_input_tokens": self.max_input_tokens,
+            "pooling": list(self.pooling) if self.pooling else None,
+            "normalize": self.normalize,
+            "dimension": self.dimension,
+            "labels": list(self.labels) or None,
+            "mask_token": self.mask_token,
+            "vocab_size": self.vocab_size,
+            "prompts": sorted(self.prompts) or None,
+            "default_prompt_name": self.default_prompt_name,
+            "sparse": self.sparse,
+            "modules": list(self.modules) or None,
+            "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
+            "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
+        }
+
+
+def _matryoshka(dims: tuple[int, ...] | None) -> list[int] | str | None:
+    """/info's view: the widths it was trained for, "any", or None (not trained for cuts)."""
+    return None if dims is None else (list(dims) or "any")
+
+
+@dataclass(eq=False, kw_only=True)
+class Prepared:
+    """One unit after tokenization: what its engine needs to run it in a batch.
+
+    `n_tokens`: its padded length (padding decides cost); `payload`: the engine's own (the
+    pipeline's preprocessed chunks, or `service.engine.forward.encoder.Encoded`); `answer`: set
+    instead for
+    ops that need no forward (tokenize, decode)."""
+
+    unit: Unit
+    n_tokens: int
+    payload: Any = None
+    answer: Any = None
+
+
+class Engine(Protocol):
+    """What the batcher needs of an engine. Inference thread only."""
+
+    info: ModelInfo
+
+    def prepare(self, unit: Unit) -> Prepared:
+        """Tokenize `unit` (exact length checks); raises `InvalidInput` for a bad input."""
+        ...
+
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        """`prepare` for each unit, in order; a unit's failure is its entry (the exception)."""
+        ...
+
+    def run(self, batch: list[Prepared]) -> list[Any]:
+        """Each unit's answer, in order, from one forward pass; raises what the model raises."""
+        ...
+
+
+def prepare_each(
+    prepare: Callable[[Unit], Prepared], units: Sequence[Unit]
+) -> list[Prepared | Exception]:
+    """`prepare(unit)` for each unit, in order, an exception it raised standing in its place."""
+    out: list[Prepared | Exception] = []
+    for unit in units:
+        try:
+            out.append(prepare(unit))
+        except Exception as exc:
+            out.append(exc)
+    return out

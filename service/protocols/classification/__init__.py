@@ -1,0 +1,1 @@
+"""Classification: the Inference API's text- and zero-shot-classification, TEI's `/predict`."""

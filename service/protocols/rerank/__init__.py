@@ -1,0 +1,1 @@
+"""Reranking a query's documents: TEI's `/rerank`."""
