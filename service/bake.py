@@ -20,10 +20,11 @@ def export_model(settings: Settings) -> Path:
     from service.backends.candidates import TEXTS, padded_inputs
     from service.backends.export import write_own_graph
     from service.engine.loading import load_engine
+    from service.engine.types import Output
 
     forced = settings.model_copy(update={"backend": "torch", "dtype": "float32"})
     engine = load_engine(forced)
-    if engine.info.kind == "pipeline":
+    if engine.info.output is Output.PIPELINE:
         raise ValueError(f"{engine.info.task} runs on torch: there is nothing to export")
     pipe = engine.pipe  # type: ignore[attr-defined]
     folder = Path(pipe.model.name_or_path)

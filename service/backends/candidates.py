@@ -104,8 +104,9 @@ def choose_backend(
     settings: Any, pipe: Any, folder: Path | None, kind: str, modes: tuple[str, ...] | None
 ) -> Choice:
     """The backend for the loaded float32 `pipe` (BACKEND, DTYPE), chosen as this module says.
-    `folder`: the model's files (None: unknown; no ONNX then); `kind`: the engine's kind;
-    `modes`: the pooling modes checked for embeddings. Logs `backend_chosen` (one line)."""
+    `folder`: the model's files (None: unknown; no ONNX then); `kind`: what the model answers
+    (`ModelInfo.output`); `modes`: the pooling modes checked for embeddings. Logs
+    `backend_chosen` (one line)."""
     started = time.perf_counter()
     reference = TorchBackend(pipe.model, pipe.device)
     if kind == "pipeline":

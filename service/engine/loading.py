@@ -23,7 +23,7 @@ from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
 from service.engine.jobs import Op
 from service.engine.pooling import outputs
-from service.engine.types import Engine, Kind, ModelInfo
+from service.engine.types import Engine, ModelInfo, Output
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
 
 if TYPE_CHECKING:
@@ -38,10 +38,13 @@ _TASK_BY_ARCH_SUFFIX = {
 # A tokenizer with no real limit reports a huge `model_max_length` (int(1e30)).
 _NO_LIMIT = 1_000_000
 _NLI_LABELS = {"entailment", "neutral", "contradiction", "not_entailment"}
-_ENCODER_OPS = (Op.EMBED, Op.ROWS, Op.TOKENIZE, Op.DECODE)
-_CLASSIFIER_OPS = (Op.CLASSIFY, Op.LOGITS, Op.TOKENIZE, Op.DECODE)
-_PIPELINE_OPS = (Op.PIPELINE,)
-_SPARSE_OPS = (Op.SPARSE, Op.TOKENIZE, Op.DECODE)
+_OPS = {
+    Output.POOLED: (Op.EMBED, Op.ROWS, Op.TOKENIZE, Op.DECODE),
+    Output.TOKEN_ROWS: (Op.ROWS, Op.TOKENIZE, Op.DECODE),
+    Output.SPARSE: (Op.SPARSE, Op.TOKENIZE, Op.DECODE),  # MLM logits: no /embed, no rows
+    Output.CLASSIFIER: (Op.CLASSIFY, Op.LOGITS, Op.TOKENIZE, Op.DECODE),
+    Output.PIPELINE: (Op.PIPELINE,),
+}
 
 log = structlog.get_logger("service.loading")
 
@@ -200,7 +203,7 @@ def load_engine(settings: Settings) -> Engine:
     tok.model_max_length = limit  # truncation then cuts at the real limit
     info = _model_info(settings, model_id, task, pipe, limit, sentence)
     backend, info = _chosen_backend(settings, pipe, info, weights)
-    if info.kind == "pipeline":
+    if info.output is Output.PIPELINE:
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
     return warmup.check_finite(EncoderEngine(pipe, info, sentence, backend=backend))
 
@@ -213,7 +216,7 @@ def _chosen_backend(
     from service.backends.candidates import choose_backend
 
     folder = _weights_folder(weights, settings)
-    choice = choose_backend(settings, pipe, folder, info.kind, info.pooling)
+    choice = choose_backend(settings, pipe, folder, info.output, info.pooling)
     summary = MappingProxyType(choice.summary())
     return choice.backend, dataclasses.replace(
         info, backend=choice.backend.name, dtype=choice.backend.dtype, backend_summary=summary
@@ -244,13 +247,9 @@ def _model_info(
     import torch
 
     tok, config = pipe.tokenizer, pipe.model.config
-    kind: Kind = "classifier"
-    if task == "feature-extraction":
-        kind = "encoder"
-    elif task in ("fill-mask", "token-classification"):
-        kind = "pipeline"
-    ops = {"encoder": _ENCODER_OPS, "classifier": _CLASSIFIER_OPS, "pipeline": _PIPELINE_OPS}
-    served = set(ops[kind])
+    output = _output(task, sentence)
+    served = set(_OPS[output])
+    classifier = output is Output.CLASSIFIER
     labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
     entailment = next(
         (i for label, i in config.label2id.items() if label.lower().startswith("entail")), -1
@@ -262,16 +261,12 @@ def _model_info(
                 f"label (label2id); this model's labels are {', '.join(labels)}"
             )
         served.discard(Op.CLASSIFY)  # the text-classification answer needs its pipeline
-    if kind == "encoder" and sentence is None:
-        served.discard(Op.EMBED)
-    if sentence is not None and sentence.splade is not None:
-        served = set(_SPARSE_OPS)  # MLM logits: pooled sparse only, no /embed or token rows
     return ModelInfo(
         # The embedded default by name: its folder is an install path, not for clients.
         model_id=EMBEDDED_MODEL_NAME if model_id == default_model_dir() else model_id,
         revision=settings.revision,
         task=task,
-        kind=kind,
+        output=output,
         ops=frozenset(served),
         device=str(pipe.device),
         dtype=str(pipe.model.dtype).removeprefix("torch."),
@@ -282,15 +277,26 @@ def _model_info(
         pooling=(sentence.modes or None) if sentence else None,
         normalize=sentence.normalize if sentence else False,
         dimension=outputs.served_dimension(sentence, config) if sentence else None,
-        labels=labels if kind == "classifier" else (),
-        entailment_id=entailment if kind == "classifier" else -1,
+        labels=labels if classifier else (),
+        entailment_id=entailment if classifier else -1,
         prompts=MappingProxyType(dict(sentence.prompts)) if sentence else MappingProxyType({}),
         default_prompt_name=sentence.default_prompt_name if sentence else None,
         served_name=served_name(settings, model_id),
-        sparse=sentence is not None and sentence.splade is not None,
         modules=sentence.modules() if sentence else (),
         matryoshka_dimensions=sentence.matryoshka_dimensions if sentence else None,
     )
+
+
+def _output(task: str, sentence: st_config.SentenceConfig | None) -> Output:
+    """What a model of `task` answers; feature-extraction's by its sentence-transformers
+    config (`sentence`: None for token rows only)."""
+    if task in ("fill-mask", "token-classification"):
+        return Output.PIPELINE
+    if task != "feature-extraction":
+        return Output.CLASSIFIER
+    if sentence is None:
+        return Output.TOKEN_ROWS
+    return Output.SPARSE if sentence.splade is not None else Output.POOLED
 
 
 def served_name(settings: Settings, model_id: str) -> str:

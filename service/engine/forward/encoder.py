@@ -28,7 +28,7 @@ from service.backends.torch_backend import TorchBackend
 from service.engine import st_config
 from service.engine.jobs import Counted, Op, Unit
 from service.engine.pooling import outputs
-from service.engine.types import ModelInfo, Prepared, prepare_each
+from service.engine.types import ModelInfo, Output, Prepared, prepare_each
 from service.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ class EncoderEngine:
         lengths = np.array([len(e.ids) for e in encoded])
         inputs = self._pad(encoded, lengths)
         output = self.backend.forward(inputs)  # float32 on the CPU (service.backends)
-        if self.info.kind == "classifier":
+        if self.info.output is Output.CLASSIFIER:
             logits = output
             return [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
         return _with_counts(batch, self._answers(batch, output, inputs["attention_mask"], lengths))
