@@ -249,8 +249,8 @@ class EncoderEngine:
         hidden = first.float()  # a no-op for the backends' float32 output
         answers: list[Any] = [None] * len(batch)
         for found in (
-            outputs.embed_rows(self, batch, hidden, mask),
-            outputs.sparse_rows(self, batch, hidden, mask),
+            outputs.embed_rows(batch, hidden, mask, self.info.pooling, self.heads),
+            outputs.sparse_rows(batch, hidden, mask, self.sentence),
         ):
             for i, answer in found.items():
                 answers[i] = answer
