@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from service.backends.quality import classifier_quality, embedding_quality
+from service.backends.quality import classifier_quality
 from service.backends.ranking import (
     Candidate,
     Measured,
@@ -23,6 +23,7 @@ from service.backends.ranking import (
     route,
 )
 from service.backends.routed import RoutedBackend
+from service.engine.backend_choice import embedding_quality
 
 torch.manual_seed(0)
 REFERENCE = torch.randn(4, 6, 8)  # token rows [B, L, H] of torch float32

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from service.backends import Backend
+from service.backends.candidates import pipeline_choice
 from service.engine import st_config, warmup
+from service.engine.backend_choice import serve_chosen_backend
 from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
@@ -202,25 +203,18 @@ def load_engine(settings: Settings) -> Engine:
         limit = min(limit, st_config.configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit  # truncation then cuts at the real limit
     info = _model_info(settings, model_id, task, pipe, limit, sentence)
-    backend, info = _chosen_backend(settings, pipe, info, weights)
     if info.output is Output.PIPELINE:
+        choice = pipeline_choice(settings, pipe)
+        info = dataclasses.replace(
+            info,
+            backend=choice.backend.name,
+            dtype=choice.backend.dtype,
+            backend_summary=MappingProxyType(choice.summary()),
+        )
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
-    return warmup.check_finite(EncoderEngine(pipe, info, sentence, backend=backend))
-
-
-def _chosen_backend(
-    settings: Settings, pipe: Pipeline, info: ModelInfo, weights: str
-) -> tuple[Backend, ModelInfo]:
-    """The backend BACKEND/DTYPE choose for this model (`service.backends.candidates`: timed and
-    checked against float32), and `info` with its name, dtype and measurements."""
-    from service.backends.candidates import choose_backend
-
-    folder = _weights_folder(weights, settings)
-    choice = choose_backend(settings, pipe, folder, info.output, info.pooling)
-    summary = MappingProxyType(choice.summary())
-    return choice.backend, dataclasses.replace(
-        info, backend=choice.backend.name, dtype=choice.backend.dtype, backend_summary=summary
-    )
+    engine = EncoderEngine(pipe, info, sentence)  # on torch float32: the reference
+    engine = serve_chosen_backend(engine, settings, _weights_folder(weights, settings))
+    return warmup.check_finite(engine)
 
 
 def _weights_folder(weights: str, settings: Settings) -> Path | None:

@@ -282,6 +282,11 @@ class EncoderEngine:
             out["token_type_ids"] = torch.from_numpy(types)
         return out
 
+    def padded(self, batch: list[Prepared]) -> dict[str, Any]:
+        """The int64 inputs [B, L] (L: the longest unit) the backend gets for `batch`."""
+        encoded: list[Encoded] = [p.payload for p in batch]
+        return self._pad(encoded, np.array([len(e.ids) for e in encoded]))
+
     def _classified(self, unit: Unit, logits: Any) -> Any:
         """`logits`: float32 [labels]; `classify`: what the text-classification pipeline
         answers with `top_k` (None: every label, highest first) and `function_to_apply`."""
