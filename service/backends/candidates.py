@@ -98,7 +98,7 @@ def choose_backend(settings: Any, pipe: Any, folder: Path | None, trial: Trial) 
     unknown; no ONNX then). Logs `backend_chosen` (one line)."""
     started = time.perf_counter()
     reference = TorchBackend(pipe.model, pipe.device)
-    candidates = _candidates(settings, pipe, folder, reference, trial.quality_inputs)
+    candidates = allowed(settings, pipe, folder, reference, trial.quality_inputs)
     explicit = settings.backend != "auto" and settings.dtype != "auto"
     if (
         len(candidates) == 1
@@ -143,7 +143,7 @@ def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started
     return Choice(served, measured, time.perf_counter() - started, small_batches=where)
 
 
-def _candidates(
+def allowed(
     settings: Any, pipe: Any, folder: Path | None, ref: TorchBackend, example: Mapping[str, Any]
 ) -> list[Candidate]:
     """What BACKEND/DTYPE allow on this device, in the order they are measured (`example`:

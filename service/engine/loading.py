@@ -137,13 +137,12 @@ def preflight(settings: Settings) -> None:
             )
 
 
-# Kernels cached per input shape (issue 24). oneDNN (torch's bfloat16 matmuls on the CPU) and
-# ideep, torch's wrapper of it, each keep compiled kernels and their buffers per shape, 1,024
-# by default; each new (batch, length) shape adds megabytes, so a server seeing ever new
-# shapes grew its RSS for as long as new ones came: 613 -> 1,657 MB over 600 batches of
-# random shapes (1-32 inputs of 4-40 words), against 767 MB when 40 shapes repeat. Both at 64:
-# 750-784 MB over the same 600 batches, as fast (docs/operations.md, Configuration). Read when the
-# first kernel is made, so set before the first forward; the environment's own values win.
+# Kernels cached per input shape. oneDNN (torch's bfloat16 matmuls on the CPU) and ideep,
+# torch's wrapper of it, each keep compiled kernels and their buffers per shape, 1,024 by
+# default; each new (batch, length) shape adds megabytes, so at that bound a server seeing
+# ever new shapes grows its RSS for as long as new ones come. 64 bounds it at no cost in speed
+# (docs/operations.md, Configuration). Read when the first kernel is made, so set before the
+# first forward; the environment's own values win.
 KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 

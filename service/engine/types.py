@@ -2,12 +2,10 @@
 (`Prepared`), and the `Engine` protocol both engines implement.
 
 Only the inference thread calls into the engines (torch and transformers are imported lazily,
-so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines serve
-the tasks: `service.engine.forward.encoder.EncoderEngine` runs text encoders and classifiers on
-batches it
-pads itself; `service.engine.forward.pipeline.PipelineEngine` runs tasks whose pre- and
-post-processing is
-the pipeline's own (fill-mask, token-classification).
+so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines
+serve the tasks: `service.engine.forward.encoder.EncoderEngine` runs text encoders and
+classifiers on batches it pads itself; `service.engine.forward.pipeline.PipelineEngine` runs
+tasks whose pre- and post-processing is the pipeline's own (fill-mask, token-classification).
 """
 
 from __future__ import annotations
@@ -123,8 +121,7 @@ class Prepared:
 
     `n_tokens`: its padded length (padding decides cost); `payload`: the engine's own (the
     pipeline's preprocessed chunks, or `service.engine.forward.encoder.Encoded`); `answer`: set
-    instead for
-    ops that need no forward (tokenize, decode)."""
+    instead for ops that need no forward (tokenize, decode)."""
 
     unit: Unit
     n_tokens: int

@@ -86,9 +86,7 @@ class EncoderEngine:
         Texts that tokenize alike (same truncation, direction and strategy, all with or all
         without a pair) go through one tokenizer call: the tokenizers library encodes the list
         in Rust with the GIL released once, instead of once per text with the Python of a call
-        around each. Timed alone on 17 short texts: 75-88 us per text, against 106-175 us one
-        call each (README, Benchmarks, Short inputs). The ids are the same either way
-        (`tests/engine/test_encoder.py`)."""
+        around each. The ids are the same either way (`tests/engine/test_encoder.py`)."""
         out: dict[int, Prepared | Exception] = {}
         groups: dict[tuple[Any, ...], list[int]] = {}
         for k, unit in enumerate(units):
