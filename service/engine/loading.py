@@ -1,4 +1,5 @@
-"""Loading the model: which folder, which task, which device, dtype and thread count.
+"""Loading the model: which task, device, dtype and thread count, the engine that serves it
+and its `ModelInfo` (what its files say before the load: `service.engine.model_files`).
 
 Runs in the inference thread only (torch and transformers are imported lazily here), so the
 event loop never pays for imports or weights; gunicorn would kill a worker whose loop stalls.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from pathlib import Path
 from types import MappingProxyType
@@ -23,6 +23,7 @@ from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
 from service.engine.jobs import Op
+from service.engine.model_files import config_json, is_splade, sentence_config, weights_folder
 from service.engine.pooling import outputs
 from service.engine.types import Engine, ModelInfo, Output
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
@@ -72,9 +73,9 @@ def infer_task(model_id: str, settings: Settings) -> str:
         if task not in SUPPORTED_TASKS:
             raise ValueError(f"TASK={settings.task} is not supported; use one of {SUPPORTED_TASKS}")
         return task
-    if _is_splade(model_id, settings):  # a *ForMaskedLM model, served as sparse embeddings
+    if is_splade(model_id, settings):  # a *ForMaskedLM model, served as sparse embeddings
         return "feature-extraction"
-    config = _config(model_id, settings)
+    config = config_json(model_id, settings)
     architectures = config.get("architectures") or []
     for arch in architectures:
         for suffix, task in _TASK_BY_ARCH_SUFFIX.items():
@@ -83,32 +84,6 @@ def infer_task(model_id: str, settings: Settings) -> str:
                     return "zero-shot-classification"
                 return task
     return "feature-extraction"
-
-
-def _config(model_id: str, settings: Settings) -> dict[str, Any]:
-    """The model's config.json as a dict (a local folder, or the hub's cache / the hub)."""
-    config_file = Path(model_id) / "config.json"
-    if config_file.is_file():
-        return dict(json.loads(config_file.read_text()))
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(
-        model_id, revision=settings.revision, trust_remote_code=settings.trust_remote_code
-    )
-    return dict(config.to_dict())
-
-
-def _is_splade(model_id: str, settings: Settings) -> bool:
-    """POOLING=splade, or a local sentence-transformers SparseEncoder folder (SpladePooling)."""
-    if settings.pooling == "splade":
-        return True
-    if settings.pooling == "none" or not Path(model_id).is_dir():
-        return False
-    try:
-        found = st_config.read_sentence_config(Path(model_id))
-    except (st_config.UnsupportedModel, ValueError, OSError):
-        return False  # refused with its message where the task needs it (preflight)
-    return found is not None and found.splade is not None
 
 
 def _is_nli(label2id: dict[str, int]) -> bool:
@@ -129,7 +104,7 @@ def preflight(settings: Settings) -> None:
     if task == "feature-extraction" and settings.pooling != "none":
         st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
     if task == "zero-shot-classification":
-        label2id = _config(model_id, settings).get("label2id") or {}
+        label2id = config_json(model_id, settings).get("label2id") or {}
         if not any(str(label).lower().startswith("entail") for label in label2id):
             raise ValueError(
                 "TASK=zero-shot-classification needs a model whose config names an entailment "
@@ -177,7 +152,7 @@ def load_engine(settings: Settings) -> Engine:
         device = "cpu"  # onnxruntime's CPU build
     # float32: the reference every other backend and dtype is made from and checked against
     dtype = torch.float32
-    sentence = _sentence_config(model_id, settings) if task == "feature-extraction" else None
+    sentence = sentence_config(model_id, settings) if task == "feature-extraction" else None
     weights = model_id
     if sentence is not None and sentence.transformer_path and Path(model_id).is_dir():
         weights = str(Path(model_id) / sentence.transformer_path)  # its Transformer module
@@ -212,21 +187,8 @@ def load_engine(settings: Settings) -> Engine:
         )
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
     engine = EncoderEngine(pipe, info, sentence)  # on torch float32: the reference
-    engine = serve_chosen_backend(engine, settings, _weights_folder(weights, settings))
+    engine = serve_chosen_backend(engine, settings, weights_folder(weights, settings))
     return warmup.check_finite(engine)
-
-
-def _weights_folder(weights: str, settings: Settings) -> Path | None:
-    """The local folder of the model's weights (a hub model's cached snapshot), or None."""
-    if Path(weights).is_dir():
-        return Path(weights)
-    try:
-        from transformers.utils import cached_file
-
-        found = cached_file(weights, "config.json", revision=settings.revision)
-    except Exception:
-        return None
-    return Path(found).parent if found else None
 
 
 def _model_info(
@@ -303,28 +265,9 @@ def served_name(settings: Settings, model_id: str) -> str:
     return Path(model_id).name if Path(model_id).is_dir() else model_id
 
 
-def _sentence_config(model_id: str, settings: Settings) -> st_config.SentenceConfig | None:
-    """The sentence-transformers configuration of the model's folder (pooling, normalization,
-    max_seq_length, prompts), or the `POOLING` setting's; None for token rows only.
-    `POOLING=none` keeps token rows even for a sentence-transformers model."""
-    if settings.pooling == "none":
-        return None
-    folder = _local_folder(model_id, settings)
-    found = st_config.read_sentence_config(folder) if folder is not None else None
-    if settings.pooling is None:
-        return found
-    hidden = int(_config(model_id, settings).get("hidden_size") or 0)
-    chosen = st_config.config_for_pooling(settings.pooling, hidden)
-    if found is None:
-        return chosen
-    if chosen.splade is not None:
-        return dataclasses.replace(found, modes=(), dense=(), normalize=False, splade=chosen.splade)
-    return dataclasses.replace(found, modes=chosen.modes, dimension=chosen.dimension)
-
-
 def _warn_if_splade_as_fill_mask(model_id: str, settings: Settings, task: str) -> None:
     """TASK=fill-mask on a SparseEncoder folder is served as asked, but never silently."""
-    if task == "fill-mask" and _is_splade(model_id, settings):
+    if task == "fill-mask" and is_splade(model_id, settings):
         log.warning("splade_model_served_as_fill_mask", hint="unset TASK for sparse embeddings")
 
 
@@ -345,26 +288,6 @@ def _masked_lm_for_splade(
         trust_remote_code=settings.trust_remote_code,
     )
     return model.to(pipe.device)
-
-
-def _local_folder(model_id: str, settings: Settings) -> Path | None:
-    """A folder holding the model's sentence-transformers files: the local folder itself,
-    or the hub snapshot of those files (from the cache when offline); None if neither."""
-    if Path(model_id).is_dir():
-        return Path(model_id)
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(
-            snapshot_download(
-                model_id,
-                revision=settings.revision,
-                allow_patterns=["modules.json", "*.json", "*/config.json"],
-            )
-        )
-    except Exception:
-        log.warning("sentence_config_unavailable", model_id=model_id)
-        return None
 
 
 def _max_input_tokens(pipe: Pipeline) -> int:
