@@ -17,19 +17,20 @@ def export_model(settings: Settings) -> Path:
     """Load the model as the server would (float32, torch), export its graph into its folder;
     return the graph's path. Raises `ValueError` for a task that runs on torch only or a
     model that is not a local folder, and what the export raises."""
-    from service.backends.candidates import TEXTS, padded_inputs
     from service.backends.export import write_own_graph
+    from service.engine.backend_choice import sample_inputs
+    from service.engine.forward.encoder import EncoderEngine
     from service.engine.loading import load_engine
 
     forced = settings.model_copy(update={"backend": "torch", "dtype": "float32"})
     engine = load_engine(forced)
-    if engine.info.kind == "pipeline":
+    if not isinstance(engine, EncoderEngine):
         raise ValueError(f"{engine.info.task} runs on torch: there is nothing to export")
-    pipe = engine.pipe  # type: ignore[attr-defined]
-    folder = Path(pipe.model.name_or_path)
+    model = engine.pipe.model
+    folder = Path(model.name_or_path)
     if not folder.is_dir():
         raise ValueError(f"MODEL_ID={settings.model_id} is not a local folder")
-    return write_own_graph(pipe.model, folder, padded_inputs(pipe.tokenizer, TEXTS[:2]))
+    return write_own_graph(model, folder, sample_inputs(engine))
 
 
 def main(settings: Settings) -> None:

@@ -7,12 +7,14 @@ clock by their cost per call, so the timings are exact and the test cannot be fl
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from service.backends.quality import classifier_quality, embedding_quality
+from service.backends.candidates import allowed, native_bf16
+from service.backends.quality import classifier_quality
 from service.backends.ranking import (
     Candidate,
     Measured,
@@ -23,6 +25,9 @@ from service.backends.ranking import (
     route,
 )
 from service.backends.routed import RoutedBackend
+from service.backends.torch_backend import TorchBackend
+from service.engine.backend_choice import embedding_quality
+from service.settings import Settings
 
 torch.manual_seed(0)
 REFERENCE = torch.randn(4, 6, 8)  # token rows [B, L, H] of torch float32
@@ -103,14 +108,19 @@ def test_a_candidate_that_fails_to_build_is_reported_and_not_chosen() -> None:
     assert failed.summary()["error"] == failed.error
 
 
-def test_auto_never_serves_an_opt_in_candidate() -> None:
-    clock = FakeClock()
-    (slow,) = run([("float32", 0.01, 0.0)], clock)
-    fast = Candidate("onnx", "int8", lambda: FakeBackend(clock, 0.001, 0.0, "int8"), auto=False)
-    opt_in = measure(fast, REFERENCE, QUALITY_INPUTS, TIMING, compare, clock)[0]
-    assert opt_in.passed and opt_in.speed() > slow.speed()
-    assert fastest_passing([slow, opt_in]) == 0
-    assert fastest_passing([opt_in]) is None
+def test_auto_never_measures_int8_and_dtype_int8_measures_it_alone() -> None:
+    """int8 is opt-in: BACKEND=auto DTYPE=auto never builds it, DTYPE=int8 builds only it."""
+    pipe = SimpleNamespace(device="cpu", model=SimpleNamespace(dtype=torch.float32))
+    reference = TorchBackend(pipe.model, "cpu")
+
+    def names(backend: Any, dtype: Any) -> list[tuple[str, str]]:
+        chosen = Settings(backend=backend, dtype=dtype)
+        return [(c.backend, c.dtype) for c in allowed(chosen, pipe, None, reference, {})]
+
+    expected = [("torch", "float32"), ("onnx", "float32")]
+    assert names("auto", "auto") == expected + ([("torch", "bfloat16")] if native_bf16() else [])
+    assert names("auto", "int8") == [("onnx", "int8")]
+    assert names("torch", "float32") == [("torch", "float32")]
 
 
 def test_non_finite_outputs_fail() -> None:

@@ -9,7 +9,7 @@ import pytest
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.cpu_threads import cpu_quota, default_torch_threads
 from service.engine.jobs import Job, Op, params_key
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.errors import (
     BadRequest,
     InvalidInput,
@@ -75,13 +75,13 @@ def test_settings_are_frozen() -> None:
 
 # -- body parsing (POST /, the Hugging Face protocol) -------------------------------------
 def _info(task: str = "fill-mask") -> ModelInfo:
-    kind = {"fill-mask": "pipeline", "token-classification": "pipeline"}.get(task, "classifier")
-    ops = {Op.PIPELINE} if kind == "pipeline" else {Op.CLASSIFY, Op.LOGITS}
+    pipeline = task in ("fill-mask", "token-classification")
+    ops = {Op.PIPELINE} if pipeline else {Op.CLASSIFY, Op.LOGITS}
     return ModelInfo(
         model_id="m",
         revision=None,
         task=task,
-        kind=kind,  # type: ignore[arg-type]
+        output=Output.PIPELINE if pipeline else Output.CLASSIFIER,
         ops=frozenset(ops),
         device="cpu",
         dtype="float32",

@@ -1,8 +1,9 @@
 """Which candidates BACKEND and DTYPE allow on this machine, and the one that is served.
 
 `auto` never guesses: every candidate this machine runs natively is built, timed on warm-up
-batches (1, 8 and 32 inputs) and checked against torch float32 on fixed texts
-(`service.backends.ranking`); the fastest that passes is served. Candidates:
+batches of 1 to 32 inputs and checked against torch float32 on fixed texts
+(`service.backends.ranking`); the fastest that passes is served. The inputs and the check come
+from the engine (`Trial`: its own padded batches, its own pooling). Candidates:
 - torch float32: the reference, always;
 - onnxruntime float32 (CPU): exported once, cached (`service.backends.export`);
 - torch bfloat16 on a CPU with native bfloat16 (AVX512-BF16 or AMX: elsewhere torch emulates
@@ -15,6 +16,7 @@ with one log line saying why when it cannot be built (a model that does not expo
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,10 @@ from typing import Any
 import structlog
 
 from service.backends import Backend
-from service.backends.quality import classifier_quality, embedding_quality
 from service.backends.ranking import (
     Candidate,
     Compare,
     Measured,
-    Quality,
     Route,
     fastest_passing,
     measure,
@@ -38,30 +38,22 @@ from service.backends.torch_backend import TorchBackend, converted
 
 log = structlog.get_logger("service.backends")
 
-# Fixed warm-up texts: the quality check's inputs, and (repeated) the timing batches'.
-TEXTS = (
-    "A man is playing a guitar.",
-    "The stock market fell sharply today, analysts said.",
-    "How do I reset my password?",
-    "Photosynthesis converts light energy into chemical energy in plants.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Der Zug nach Berlin hat zehn Minuten Verspätung.",
-    "Please send the quarterly report to the finance team by Friday at noon.",
-    "Is it going to rain tomorrow?",
-    "Neural networks learn representations from data by gradient descent on a loss.",
-    "She sold seashells by the seashore.",
-    "Water boils at 100 degrees Celsius at sea level.",
-    "Thanks!",
-    "The committee postponed its decision until more evidence could be gathered.",
-    "Where is the nearest train station?",
-    "An apple a day keeps the doctor away.",
-    "The new phone has a faster processor, a brighter screen and a longer battery life.",
-)
-TIMING_SIZES = (1, 2, 4, 8, 16, 32)
 PIPELINE_NOTE = (
     "fill-mask and token-classification run on torch (the pipeline's own forward and "
     "postprocess); BACKEND=onnx and DTYPE=int8 do not apply to them"
 )
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What candidates are checked and timed on: padded int64 inputs [B, L] by name, as the
+    engine feeds them. `quality_inputs`: the fixed texts every candidate's output is compared
+    on, by `compare(float32's output, the candidate's)`; `timing`: one batch per size timed
+    (1 to 32 inputs). An ONNX export traces `quality_inputs`."""
+
+    quality_inputs: Mapping[str, Any]
+    timing: Sequence[Mapping[str, Any]]
+    compare: Compare
 
 
 @dataclass(frozen=True)
@@ -100,17 +92,13 @@ def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def choose_backend(
-    settings: Any, pipe: Any, folder: Path | None, kind: str, modes: tuple[str, ...] | None
-) -> Choice:
-    """The backend for the loaded float32 `pipe` (BACKEND, DTYPE), chosen as this module says.
-    `folder`: the model's files (None: unknown; no ONNX then); `kind`: the engine's kind;
-    `modes`: the pooling modes checked for embeddings. Logs `backend_chosen` (one line)."""
+def choose_backend(settings: Any, pipe: Any, folder: Path | None, trial: Trial) -> Choice:
+    """The backend for the loaded float32 `pipe` (BACKEND, DTYPE), chosen as this module says,
+    from the candidates' outputs and timings on `trial`. `folder`: the model's files (None:
+    unknown; no ONNX then). Logs `backend_chosen` (one line)."""
     started = time.perf_counter()
     reference = TorchBackend(pipe.model, pipe.device)
-    if kind == "pipeline":
-        return _pipeline_choice(settings, pipe, reference, started)
-    candidates = _candidates(settings, pipe, folder, reference)
+    candidates = allowed(settings, pipe, folder, reference, trial.quality_inputs)
     explicit = settings.backend != "auto" and settings.dtype != "auto"
     if (
         len(candidates) == 1
@@ -118,17 +106,10 @@ def choose_backend(
         and candidates[0].dtype == "float32"
     ):
         return _logged(Choice(reference, (Measured("torch", "float32"),), 0.0))
-    batch = padded_inputs(pipe.tokenizer, TEXTS)
-    timing = [padded_inputs(pipe.tokenizer, (TEXTS * 2)[:n]) for n in TIMING_SIZES]
-    expected = reference.forward(batch)
-    compare: Compare = classifier_quality
-    if kind != "classifier":
-        mask, pool = batch["attention_mask"], modes or ("mean",)
-
-        def compare(ref: Any, out: Any) -> Quality:
-            return embedding_quality(ref, out, mask, pool)
-
-    results = [measure(c, expected, batch, timing, compare) for c in candidates]
+    expected = reference.forward(trial.quality_inputs)
+    results = [
+        measure(c, expected, trial.quality_inputs, trial.timing, trial.compare) for c in candidates
+    ]
     measured = tuple(m for m, _ in results)
     for m in measured:
         if m.error is not None:
@@ -162,10 +143,11 @@ def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started
     return Choice(served, measured, time.perf_counter() - started, small_batches=where)
 
 
-def _candidates(
-    settings: Any, pipe: Any, folder: Path | None, ref: TorchBackend
+def allowed(
+    settings: Any, pipe: Any, folder: Path | None, ref: TorchBackend, example: Mapping[str, Any]
 ) -> list[Candidate]:
-    """What BACKEND/DTYPE allow on this device, in the order they are measured."""
+    """What BACKEND/DTYPE allow on this device, in the order they are measured (`example`:
+    the inputs an ONNX export traces)."""
     import torch
 
     from service.backends import int8, onnx_backend
@@ -175,13 +157,17 @@ def _candidates(
     threads = torch.get_num_threads()
     out: list[Candidate] = []
     if dtype == "int8":
-        return [Candidate("onnx", "int8", lambda: int8.backend(_graph(pipe, folder), threads))]
+        return [
+            Candidate("onnx", "int8", lambda: int8.backend(_graph(pipe, folder, example), threads))
+        ]
     if backend in ("auto", "torch") and dtype in ("auto", "float32"):
         out.append(Candidate("torch", "float32", lambda: ref))
     if backend in ("auto", "onnx") and dtype in ("auto", "float32") and not cuda:
         out.append(
             Candidate(
-                "onnx", "float32", lambda: onnx_backend.OnnxBackend(_graph(pipe, folder), threads)
+                "onnx",
+                "float32",
+                lambda: onnx_backend.OnnxBackend(_graph(pipe, folder, example), threads),
             )
         )
     for reduced in ("bfloat16", "float16"):
@@ -195,31 +181,24 @@ def _torch(pipe: Any, dtype: str) -> Any:
     return lambda: TorchBackend(converted(pipe.model, dtype), pipe.device)
 
 
-def _graph(pipe: Any, folder: Path | None) -> Path:
+def _graph(pipe: Any, folder: Path | None, example: Mapping[str, Any]) -> Path:
     """The float32 graph's path (the folder's own, cached, or exported now: logged)."""
     from service.backends.export import cached_graph
 
     if folder is None:
         raise ValueError("the model's files are not in a local folder")
     started = time.perf_counter()
-    path, exported = cached_graph(pipe.model, folder, padded_inputs(pipe.tokenizer, TEXTS[:2]))
+    path, exported = cached_graph(pipe.model, folder, example)
     if exported:
         log.info("onnx_exported", path=str(path), export_s=round(time.perf_counter() - started, 2))
     return path
 
 
-def padded_inputs(tok: Any, texts: tuple[str, ...]) -> dict[str, Any]:
-    """The padded int64 batch the encoder engine builds for `texts` (the names it feeds)."""
-    limit = min(128, int(tok.model_max_length))
-    enc = tok(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
-    names = ["input_ids", "attention_mask"]
-    if "token_type_ids" in tok.model_input_names and "token_type_ids" in enc:
-        names.append("token_type_ids")
-    return {n: enc[n] for n in names}
-
-
-def _pipeline_choice(settings: Any, pipe: Any, ref: TorchBackend, started: float) -> Choice:
-    """The pipeline engine runs the pipeline's torch model: float32, or DTYPE's torch dtype."""
+def pipeline_choice(settings: Any, pipe: Any) -> Choice:
+    """The pipeline engine runs the pipeline's torch model: float32, or DTYPE's torch dtype
+    (`pipe.model` is converted then)."""
+    started = time.perf_counter()
+    ref = TorchBackend(pipe.model, pipe.device)
     if settings.backend == "onnx" or settings.dtype == "int8":
         log.warning("backend_fallback", to="torch", reason=PIPELINE_NOTE)
     backend = ref

@@ -17,8 +17,7 @@ def session_options(threads: int) -> Any:
     after each run (memory patterns are per shape and off for the same reason). Its threads do
     not spin waiting for the next run: these cores are shared with the event loop and, when
     small batches run here and large ones on torch (`service.backends.routed`), with torch's
-    threads; alternating a batch of 1 here with a batch of 32 on torch bfloat16 took 24.8 and
-    209 ms a pair with spinning, 12.8 and 114 ms without (each alone: 10.8-13.5, 114-151)."""
+    threads: spinning threads would take their cores while the other runs."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -1,12 +1,12 @@
 """Choosing a backend at start: time each candidate, check it against torch float32, serve the
 fastest that keeps the answers. Pure logic over candidates and a clock (tests pass fakes).
 
-The checks (issue 20), on fixed warm-up texts against torch float32's outputs:
+The checks, on fixed texts against torch float32's outputs (`service.backends.quality`):
 - embeddings: the pooled vector's cosine to float32's >= `MIN_COSINE` for every text (bfloat16
-  measured a minimum of 0.99991 over 2,000 short sentences with all-MiniLM-L6-v2);
-- classifiers: softmax probabilities within `MAX_PROB_DIFF` (bfloat16: 3e-4 on three seeded
-  heads), and the same top label wherever float32's top two differ by more than `TIE` (nearer
-  ties may flip);
+  keeps more than 0.9999 on short sentences, so a lower cosine is a broken candidate);
+- classifiers: softmax probabilities within `MAX_PROB_DIFF` (bfloat16 keeps about 3e-4), and
+  the same top label wherever float32's top two differ by more than `TIE` (nearer ties may
+  flip);
 - no non-finite value (a float16 overflow fails here).
 """
 
@@ -57,13 +57,11 @@ class Quality:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A backend this machine can run: `build()` makes it (may raise: an export failure).
-    `auto`: whether `auto` may serve it (int8 never is: it is measured when asked for)."""
+    """A backend this machine can run: `build()` makes it (may raise: an export failure)."""
 
     backend: str
     dtype: str
     build: Callable[[], Backend]
-    auto: bool = True
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,6 @@ class Measured:
     quality: Quality | None = None
     padded_tokens: Mapping[int, int] = field(default_factory=dict)  # each timing batch's B x L
     error: str | None = None
-    auto: bool = True
 
     @property
     def passed(self) -> bool:
@@ -153,16 +150,14 @@ def measure(
             speeds[size] = size / max(best, 1e-9)
     except Exception as exc:
         why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        return Measured(candidate.backend, candidate.dtype, error=why, auto=candidate.auto), None
-    return Measured(
-        candidate.backend, candidate.dtype, speeds, quality, tokens, auto=candidate.auto
-    ), backend
+        return Measured(candidate.backend, candidate.dtype, error=why), None
+    return Measured(candidate.backend, candidate.dtype, speeds, quality, tokens), backend
 
 
 def fastest_passing(measured: Sequence[Measured]) -> int | None:
-    """Index of the fastest candidate (inputs/s at the largest batch) that passed its checks
-    and that `auto` may serve; None if none did."""
-    passing = [i for i, m in enumerate(measured) if m.passed and m.auto]
+    """Index of the fastest candidate (inputs/s at the largest batch) that passed its checks;
+    None if none did."""
+    passing = [i for i, m in enumerate(measured) if m.passed]
     return max(passing, key=lambda i: measured[i].speed()) if passing else None
 
 
@@ -196,7 +191,7 @@ def route(measured: Sequence[Measured], large: int) -> Route:
     smallest = min(measured[large].padded_tokens.values(), default=0)
     if not smallest:
         return Route(large)
-    passing = [i for i, m in enumerate(measured) if m.passed and m.auto and i != large]
+    passing = [i for i, m in enumerate(measured) if m.passed and i != large]
     if not passing:
         return Route(large)
     best = min(passing, key=lambda i: measured[i].seconds(smallest))

@@ -1,10 +1,9 @@
-"""Two backends behind one: small batches on one, large batches on the other (issue 20).
+"""Two backends behind one: small batches on one, large batches on the other.
 
 Which backend is fastest depends on the batch's shape: a single short input costs mostly the
-fixed price of running every operator once, a large batch costs per token. Measured at a
-server's start here (all-MiniLM-L6-v2, 2 cores): onnxruntime float32 177 inputs/s at batch 1
-against torch bfloat16's 88, and bfloat16 426 at batch 32 against onnxruntime's 236. The
-choice of which two and where they cross is `service.backends.ranking.route`.
+fixed price of running every operator once (where onnxruntime's fused graph is cheaper), a
+large batch costs per token (where bfloat16 matrix units are faster; docs/backends.md has the
+figures). The choice of which two and where they cross is `service.backends.ranking.route`.
 """
 
 from __future__ import annotations

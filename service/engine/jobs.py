@@ -17,9 +17,7 @@ Ops and the answer each unit gets (`service.engine.forward.encoder` /
 | `pipeline` | text | the pipeline's own answer (fill-mask, token-classification) |
 | `tokenize` | text | [{id, text, special, start, stop}]: no forward |
 | `decode` | ids | str: no forward |
-| `sparse` | text (or ids) | `service.engine.pooling.sparse.SparseVector`: a SPLADE model's
-non-zero weights
-|
+| `sparse` | text (or ids) | `pooling.sparse.SparseVector`: a SPLADE model's non-zero weights |
 
 A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens
 its input took (after truncation, prompt and special tokens included), for usage counts; the

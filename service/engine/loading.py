@@ -1,4 +1,5 @@
-"""Loading the model: which folder, which task, which device, dtype and thread count.
+"""Loading the model: which task, device, dtype and thread count, the engine that serves it
+and its `ModelInfo` (what its files say before the load: `service.engine.model_files`).
 
 Runs in the inference thread only (torch and transformers are imported lazily here), so the
 event loop never pays for imports or weights; gunicorn would kill a worker whose loop stalls.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from pathlib import Path
 from types import MappingProxyType
@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from service.backends import Backend
+from service.backends.candidates import pipeline_choice
 from service.engine import st_config, warmup
+from service.engine.backend_choice import serve_chosen_backend
 from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
 from service.engine.jobs import Op
+from service.engine.model_files import config_json, is_splade, sentence_config, weights_folder
 from service.engine.pooling import outputs
-from service.engine.types import Engine, Kind, ModelInfo
+from service.engine.types import Engine, ModelInfo, Output
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
 
 if TYPE_CHECKING:
@@ -38,10 +40,13 @@ _TASK_BY_ARCH_SUFFIX = {
 # A tokenizer with no real limit reports a huge `model_max_length` (int(1e30)).
 _NO_LIMIT = 1_000_000
 _NLI_LABELS = {"entailment", "neutral", "contradiction", "not_entailment"}
-_ENCODER_OPS = (Op.EMBED, Op.ROWS, Op.TOKENIZE, Op.DECODE)
-_CLASSIFIER_OPS = (Op.CLASSIFY, Op.LOGITS, Op.TOKENIZE, Op.DECODE)
-_PIPELINE_OPS = (Op.PIPELINE,)
-_SPARSE_OPS = (Op.SPARSE, Op.TOKENIZE, Op.DECODE)
+_OPS = {
+    Output.POOLED: (Op.EMBED, Op.ROWS, Op.TOKENIZE, Op.DECODE),
+    Output.TOKEN_ROWS: (Op.ROWS, Op.TOKENIZE, Op.DECODE),
+    Output.SPARSE: (Op.SPARSE, Op.TOKENIZE, Op.DECODE),  # MLM logits: no /embed, no rows
+    Output.CLASSIFIER: (Op.CLASSIFY, Op.LOGITS, Op.TOKENIZE, Op.DECODE),
+    Output.PIPELINE: (Op.PIPELINE,),
+}
 
 log = structlog.get_logger("service.loading")
 
@@ -68,9 +73,9 @@ def infer_task(model_id: str, settings: Settings) -> str:
         if task not in SUPPORTED_TASKS:
             raise ValueError(f"TASK={settings.task} is not supported; use one of {SUPPORTED_TASKS}")
         return task
-    if _is_splade(model_id, settings):  # a *ForMaskedLM model, served as sparse embeddings
+    if is_splade(model_id, settings):  # a *ForMaskedLM model, served as sparse embeddings
         return "feature-extraction"
-    config = _config(model_id, settings)
+    config = config_json(model_id, settings)
     architectures = config.get("architectures") or []
     for arch in architectures:
         for suffix, task in _TASK_BY_ARCH_SUFFIX.items():
@@ -79,32 +84,6 @@ def infer_task(model_id: str, settings: Settings) -> str:
                     return "zero-shot-classification"
                 return task
     return "feature-extraction"
-
-
-def _config(model_id: str, settings: Settings) -> dict[str, Any]:
-    """The model's config.json as a dict (a local folder, or the hub's cache / the hub)."""
-    config_file = Path(model_id) / "config.json"
-    if config_file.is_file():
-        return dict(json.loads(config_file.read_text()))
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(
-        model_id, revision=settings.revision, trust_remote_code=settings.trust_remote_code
-    )
-    return dict(config.to_dict())
-
-
-def _is_splade(model_id: str, settings: Settings) -> bool:
-    """POOLING=splade, or a local sentence-transformers SparseEncoder folder (SpladePooling)."""
-    if settings.pooling == "splade":
-        return True
-    if settings.pooling == "none" or not Path(model_id).is_dir():
-        return False
-    try:
-        found = st_config.read_sentence_config(Path(model_id))
-    except (st_config.UnsupportedModel, ValueError, OSError):
-        return False  # refused with its message where the task needs it (preflight)
-    return found is not None and found.splade is not None
 
 
 def _is_nli(label2id: dict[str, int]) -> bool:
@@ -125,7 +104,7 @@ def preflight(settings: Settings) -> None:
     if task == "feature-extraction" and settings.pooling != "none":
         st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
     if task == "zero-shot-classification":
-        label2id = _config(model_id, settings).get("label2id") or {}
+        label2id = config_json(model_id, settings).get("label2id") or {}
         if not any(str(label).lower().startswith("entail") for label in label2id):
             raise ValueError(
                 "TASK=zero-shot-classification needs a model whose config names an entailment "
@@ -133,13 +112,12 @@ def preflight(settings: Settings) -> None:
             )
 
 
-# Kernels cached per input shape (issue 24). oneDNN (torch's bfloat16 matmuls on the CPU) and
-# ideep, torch's wrapper of it, each keep compiled kernels and their buffers per shape, 1,024
-# by default; each new (batch, length) shape adds megabytes, so a server seeing ever new
-# shapes grew its RSS for as long as new ones came: 613 -> 1,657 MB over 600 batches of
-# random shapes (1-32 inputs of 4-40 words), against 767 MB when 40 shapes repeat. Both at 64:
-# 750-784 MB over the same 600 batches, as fast (docs/operations.md, Configuration). Read when the
-# first kernel is made, so set before the first forward; the environment's own values win.
+# Kernels cached per input shape. oneDNN (torch's bfloat16 matmuls on the CPU) and ideep,
+# torch's wrapper of it, each keep compiled kernels and their buffers per shape, 1,024 by
+# default; each new (batch, length) shape adds megabytes, so at that bound a server seeing
+# ever new shapes grows its RSS for as long as new ones come. 64 bounds it at no cost in speed
+# (docs/operations.md, Configuration). Read when the first kernel is made, so set before the
+# first forward; the environment's own values win.
 KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 
@@ -174,7 +152,7 @@ def load_engine(settings: Settings) -> Engine:
         device = "cpu"  # onnxruntime's CPU build
     # float32: the reference every other backend and dtype is made from and checked against
     dtype = torch.float32
-    sentence = _sentence_config(model_id, settings) if task == "feature-extraction" else None
+    sentence = sentence_config(model_id, settings) if task == "feature-extraction" else None
     weights = model_id
     if sentence is not None and sentence.transformer_path and Path(model_id).is_dir():
         weights = str(Path(model_id) / sentence.transformer_path)  # its Transformer module
@@ -199,38 +177,18 @@ def load_engine(settings: Settings) -> Engine:
         limit = min(limit, st_config.configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit  # truncation then cuts at the real limit
     info = _model_info(settings, model_id, task, pipe, limit, sentence)
-    backend, info = _chosen_backend(settings, pipe, info, weights)
-    if info.kind == "pipeline":
+    if info.output is Output.PIPELINE:
+        choice = pipeline_choice(settings, pipe)
+        info = dataclasses.replace(
+            info,
+            backend=choice.backend.name,
+            dtype=choice.backend.dtype,
+            backend_summary=MappingProxyType(choice.summary()),
+        )
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
-    return warmup.check_finite(EncoderEngine(pipe, info, sentence, backend=backend))
-
-
-def _chosen_backend(
-    settings: Settings, pipe: Pipeline, info: ModelInfo, weights: str
-) -> tuple[Backend, ModelInfo]:
-    """The backend BACKEND/DTYPE choose for this model (`service.backends.candidates`: timed and
-    checked against float32), and `info` with its name, dtype and measurements."""
-    from service.backends.candidates import choose_backend
-
-    folder = _weights_folder(weights, settings)
-    choice = choose_backend(settings, pipe, folder, info.kind, info.pooling)
-    summary = MappingProxyType(choice.summary())
-    return choice.backend, dataclasses.replace(
-        info, backend=choice.backend.name, dtype=choice.backend.dtype, backend_summary=summary
-    )
-
-
-def _weights_folder(weights: str, settings: Settings) -> Path | None:
-    """The local folder of the model's weights (a hub model's cached snapshot), or None."""
-    if Path(weights).is_dir():
-        return Path(weights)
-    try:
-        from transformers.utils import cached_file
-
-        found = cached_file(weights, "config.json", revision=settings.revision)
-    except Exception:
-        return None
-    return Path(found).parent if found else None
+    engine = EncoderEngine(pipe, info, sentence)  # on torch float32: the reference
+    engine = serve_chosen_backend(engine, settings, weights_folder(weights, settings))
+    return warmup.check_finite(engine)
 
 
 def _model_info(
@@ -244,13 +202,9 @@ def _model_info(
     import torch
 
     tok, config = pipe.tokenizer, pipe.model.config
-    kind: Kind = "classifier"
-    if task == "feature-extraction":
-        kind = "encoder"
-    elif task in ("fill-mask", "token-classification"):
-        kind = "pipeline"
-    ops = {"encoder": _ENCODER_OPS, "classifier": _CLASSIFIER_OPS, "pipeline": _PIPELINE_OPS}
-    served = set(ops[kind])
+    output = _output(task, sentence)
+    served = set(_OPS[output])
+    classifier = output is Output.CLASSIFIER
     labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
     entailment = next(
         (i for label, i in config.label2id.items() if label.lower().startswith("entail")), -1
@@ -262,16 +216,12 @@ def _model_info(
                 f"label (label2id); this model's labels are {', '.join(labels)}"
             )
         served.discard(Op.CLASSIFY)  # the text-classification answer needs its pipeline
-    if kind == "encoder" and sentence is None:
-        served.discard(Op.EMBED)
-    if sentence is not None and sentence.splade is not None:
-        served = set(_SPARSE_OPS)  # MLM logits: pooled sparse only, no /embed or token rows
     return ModelInfo(
         # The embedded default by name: its folder is an install path, not for clients.
         model_id=EMBEDDED_MODEL_NAME if model_id == default_model_dir() else model_id,
         revision=settings.revision,
         task=task,
-        kind=kind,
+        output=output,
         ops=frozenset(served),
         device=str(pipe.device),
         dtype=str(pipe.model.dtype).removeprefix("torch."),
@@ -282,15 +232,26 @@ def _model_info(
         pooling=(sentence.modes or None) if sentence else None,
         normalize=sentence.normalize if sentence else False,
         dimension=outputs.served_dimension(sentence, config) if sentence else None,
-        labels=labels if kind == "classifier" else (),
-        entailment_id=entailment if kind == "classifier" else -1,
+        labels=labels if classifier else (),
+        entailment_id=entailment if classifier else -1,
         prompts=MappingProxyType(dict(sentence.prompts)) if sentence else MappingProxyType({}),
         default_prompt_name=sentence.default_prompt_name if sentence else None,
         served_name=served_name(settings, model_id),
-        sparse=sentence is not None and sentence.splade is not None,
         modules=sentence.modules() if sentence else (),
         matryoshka_dimensions=sentence.matryoshka_dimensions if sentence else None,
     )
+
+
+def _output(task: str, sentence: st_config.SentenceConfig | None) -> Output:
+    """What a model of `task` answers; feature-extraction's by its sentence-transformers
+    config (`sentence`: None for token rows only)."""
+    if task in ("fill-mask", "token-classification"):
+        return Output.PIPELINE
+    if task != "feature-extraction":
+        return Output.CLASSIFIER
+    if sentence is None:
+        return Output.TOKEN_ROWS
+    return Output.SPARSE if sentence.splade is not None else Output.POOLED
 
 
 def served_name(settings: Settings, model_id: str) -> str:
@@ -304,28 +265,9 @@ def served_name(settings: Settings, model_id: str) -> str:
     return Path(model_id).name if Path(model_id).is_dir() else model_id
 
 
-def _sentence_config(model_id: str, settings: Settings) -> st_config.SentenceConfig | None:
-    """The sentence-transformers configuration of the model's folder (pooling, normalization,
-    max_seq_length, prompts), or the `POOLING` setting's; None for token rows only.
-    `POOLING=none` keeps token rows even for a sentence-transformers model."""
-    if settings.pooling == "none":
-        return None
-    folder = _local_folder(model_id, settings)
-    found = st_config.read_sentence_config(folder) if folder is not None else None
-    if settings.pooling is None:
-        return found
-    hidden = int(_config(model_id, settings).get("hidden_size") or 0)
-    chosen = st_config.config_for_pooling(settings.pooling, hidden)
-    if found is None:
-        return chosen
-    if chosen.splade is not None:
-        return dataclasses.replace(found, modes=(), dense=(), normalize=False, splade=chosen.splade)
-    return dataclasses.replace(found, modes=chosen.modes, dimension=chosen.dimension)
-
-
 def _warn_if_splade_as_fill_mask(model_id: str, settings: Settings, task: str) -> None:
     """TASK=fill-mask on a SparseEncoder folder is served as asked, but never silently."""
-    if task == "fill-mask" and _is_splade(model_id, settings):
+    if task == "fill-mask" and is_splade(model_id, settings):
         log.warning("splade_model_served_as_fill_mask", hint="unset TASK for sparse embeddings")
 
 
@@ -346,26 +288,6 @@ def _masked_lm_for_splade(
         trust_remote_code=settings.trust_remote_code,
     )
     return model.to(pipe.device)
-
-
-def _local_folder(model_id: str, settings: Settings) -> Path | None:
-    """A folder holding the model's sentence-transformers files: the local folder itself,
-    or the hub snapshot of those files (from the cache when offline); None if neither."""
-    if Path(model_id).is_dir():
-        return Path(model_id)
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(
-            snapshot_download(
-                model_id,
-                revision=settings.revision,
-                allow_patterns=["modules.json", "*.json", "*/config.json"],
-            )
-        )
-    except Exception:
-        log.warning("sentence_config_unavailable", model_id=model_id)
-        return None
 
 
 def _max_input_tokens(pipe: Pipeline) -> int:

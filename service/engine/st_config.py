@@ -2,9 +2,8 @@
 
 `SentenceTransformer(folder).encode(texts)` is Transformer -> Pooling -> (Normalize). We run the
 transformer ourselves on one padded batch; this module reads what the rest must do
-(`service.engine.pooling.pool` computes it), equal to sentence-transformers 6.2 within float32
-rounding.
-Reading a folder needs no torch (the event loop may call `read_sentence_config`).
+(`service.engine.pooling.pool` computes it), equal to sentence-transformers within float32
+rounding. Reading a folder needs no torch (the event loop may call `read_sentence_config`).
 
 How sentence-transformers 6 tokenizes (so the server can call the tokenizer itself):
 `tokenizer(texts, padding=True, truncation="longest_first", return_tensors="pt")`, special

@@ -2,40 +2,66 @@
 (`Prepared`), and the `Engine` protocol both engines implement.
 
 Only the inference thread calls into the engines (torch and transformers are imported lazily,
-so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines serve
-the tasks: `service.engine.forward.encoder.EncoderEngine` runs text encoders and classifiers on
-batches it
-pads itself; `service.engine.forward.pipeline.PipelineEngine` runs tasks whose pre- and
-post-processing is
-the pipeline's own (fill-mask, token-classification).
+so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines
+serve the tasks: `service.engine.forward.encoder.EncoderEngine` runs text encoders and
+classifiers on batches it pads itself; `service.engine.forward.pipeline.PipelineEngine` runs
+tasks whose pre- and post-processing is the pipeline's own (fill-mask, token-classification).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from enum import StrEnum
+from typing import Any, Protocol
 
 from service.engine.jobs import Op, Unit
 
-Kind = Literal["encoder", "classifier", "pipeline"]
+
+class Output(StrEnum):
+    """What the loaded model answers: the one description every place that depends on it reads.
+
+    `POOLED`, `SPARSE` and `TOKEN_ROWS` are feature-extraction models served by the encoder
+    engine; `CLASSIFIER` a sequence classifier (text-classification, zero-shot, cross-encoder),
+    also the encoder engine's; `PIPELINE` fill-mask and token-classification, the pipeline
+    engine's."""
+
+    POOLED = "pooled"  # sentence embeddings [D] (pooling, Dense heads); token rows too
+    SPARSE = "sparse"  # SPLADE: MLM logits pooled into vocabulary-wide sparse embeddings
+    TOKEN_ROWS = "token_rows"  # the last hidden state per token only (no pooling config)
+    CLASSIFIER = "classifier"  # logits [labels] per text or pair
+    PIPELINE = "pipeline"  # the transformers pipeline's own answers
+
+    @property
+    def op(self) -> Op:
+        """The op of the model's main answer (warm-up, calibration, `POST /`)."""
+        return _MAIN_OP[self]
+
+
+_MAIN_OP = {
+    Output.POOLED: Op.EMBED,
+    Output.SPARSE: Op.SPARSE,
+    Output.TOKEN_ROWS: Op.ROWS,
+    Output.CLASSIFIER: Op.LOGITS,
+    Output.PIPELINE: Op.PIPELINE,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelInfo:
     """What the event loop needs to know about the loaded model (read-only, set once).
 
-    `kind`: which engine serves it; `ops`: the units it computes (`service.engine.jobs.Op`);
-    `pooling`: the sentence-embedding pooling modes (None: token rows only); `normalize`: the
-    model's own pipeline ends in a Normalize module; `dimension`: the embedding width;
-    `labels`: the classifier's labels by index; `entailment_id`: the NLI label zero-shot reads
-    (-1: none); `prompts`: the sentence-transformers prompts by name.
+    `output`: what it answers (`Output`); `ops`: the units it computes (`service.engine.jobs.Op`);
+    `pooling`: the sentence-embedding pooling modes (None: none pooled); `normalize`: the model's
+    own pipeline ends in a Normalize module; `dimension`: the embedding width (SPARSE: the
+    vocabulary); `labels`: the classifier's labels by index; `entailment_id`: the NLI label
+    zero-shot reads (-1: none); `prompts`: the sentence-transformers prompts by name.
     """
 
     model_id: str
     revision: str | None
     task: str
-    kind: Kind
+    output: Output
     ops: frozenset[Op]
     device: str
     dtype: str
@@ -51,7 +77,6 @@ class ModelInfo:
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     served_name: str = ""  # the name answers give the model (OpenAI's `model`): no paths
-    sparse: bool = False  # a SPLADE model: sparse embeddings (`Op.SPARSE`), `dimension` = vocab
     modules: tuple[str, ...] = ()  # the sentence-transformers module chain, for /info
     matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
     # How batches are computed (`service.backends`): "torch" or "onnx", and /info's `backend`
@@ -78,7 +103,7 @@ class ModelInfo:
             "vocab_size": self.vocab_size,
             "prompts": sorted(self.prompts) or None,
             "default_prompt_name": self.default_prompt_name,
-            "sparse": self.sparse,
+            "sparse": self.output is Output.SPARSE,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
             "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
@@ -96,8 +121,7 @@ class Prepared:
 
     `n_tokens`: its padded length (padding decides cost); `payload`: the engine's own (the
     pipeline's preprocessed chunks, or `service.engine.forward.encoder.Encoded`); `answer`: set
-    instead for
-    ops that need no forward (tokenize, decode)."""
+    instead for ops that need no forward (tokenize, decode)."""
 
     unit: Unit
     n_tokens: int

@@ -11,7 +11,7 @@ import numpy as np
 
 from service.engine.jobs import Op, Unit
 from service.engine.pooling import sparse
-from service.engine.types import Engine, ModelInfo, Prepared
+from service.engine.types import Engine, ModelInfo, Output, Prepared
 
 E = TypeVar("E", bound=Engine)
 
@@ -27,12 +27,10 @@ class BatchCost:
 def sample_unit(info: ModelInfo, text: str) -> Unit:
     """A unit of the op that carries this model's usual traffic, on `text` cut to the model's
     limit (fill-mask gets the mask token appended): for warm-up and calibration."""
-    if info.kind == "pipeline":
+    if info.output is Output.PIPELINE:
         suffix = f" {info.mask_token}" if info.mask_token else ""
         return Unit(op=Op.PIPELINE, text=text + suffix, params={"truncation": True})
-    op = Op.LOGITS if info.kind == "classifier" else Op.EMBED if info.pooling else Op.ROWS
-    op = Op.SPARSE if info.sparse else op
-    return Unit(op=op, text=text, params={"truncate": True})
+    return Unit(op=info.output.op, text=text, params={"truncate": True})
 
 
 def calibrate(engine: Engine) -> BatchCost:
@@ -79,10 +77,9 @@ def check_finite(engine: E) -> E:
     """Run two texts through the engine as traffic would; raise `NonFiniteOutput` (one line,
     naming the dtype) when any answer holds NaN or inf. Returns the engine."""
     info = engine.info
-    op = Op.SPARSE if info.sparse else Op.EMBED if info.pooling else None
-    if op is None:
+    if info.output not in (Output.POOLED, Output.SPARSE):
         return engine
-    units = [Unit(op=op, text=t, params={"truncate": True}) for t in _CHECK_TEXTS]
+    units = [Unit(op=info.output.op, text=t, params={"truncate": True}) for t in _CHECK_TEXTS]
     answers = engine.run([engine.prepare(u) for u in units])
     values = [a.values if isinstance(a, sparse.SparseVector) else a for a in answers]
     if all(np.isfinite(v).all() for v in values):

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, RootModel
 
 from service.engine.jobs import Job, Op
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.errors import InvalidInput
 from service.protocols.classification.hf import (
     TextClassificationAnswer,
@@ -93,7 +93,7 @@ def _similarity_shaped(doc: Any) -> bool:
 def answer_model(info: ModelInfo) -> type[RootModel[Any]]:
     """The answer of `POST /` for the loaded model."""
     if info.task == "feature-extraction":
-        dense = Op.EMBED in info.ops or info.sparse
+        dense = info.output is not Output.TOKEN_ROWS
         return FeatureExtractionAnswer if dense else TokenRowsAnswer
     answers: dict[str, type[RootModel[Any]]] = {
         "text-classification": TextClassificationAnswer,

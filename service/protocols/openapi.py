@@ -21,7 +21,7 @@ import orjson
 from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.protocols import inference_api, schemas
 from service.protocols.embedding.openai import ModelList, OpenAIErrorResponse
 from service.protocols.serving import Endpoint
@@ -122,7 +122,7 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
             )
         }
     for path in ("/", "/embed", "/v1/embeddings"):
-        if path in paths and info.dimension is not None and not info.sparse:
+        if path in paths and info.output is Output.POOLED:
             paths[path]["post"]["responses"]["200"]["headers"]["Warning"] = _WARNING
     paths.update(_own_routes(refs, secured))
     doc: dict[str, Any] = {
@@ -260,7 +260,7 @@ def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -
             node["maxItems"] = settings.max_client_batch_size - int(node.pop(schemas.MAX_INPUTS))
         if node.pop(schemas.PROMPT_NAME, None):
             node = {**node, "enum": sorted(info.prompts)} if info.prompts else {"not": {}}
-        if node.pop(schemas.DENSE_ONLY, None) and info.sparse:
+        if node.pop(schemas.DENSE_ONLY, None) and info.output is Output.SPARSE:
             return {"not": {}}  # the null beside it stays: a sparse model takes only null
         if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:
             node["maximum"] = info.dimension

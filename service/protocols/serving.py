@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.engine.jobs import Job, Op
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.errors import Unauthorized, WrongTask
 from service.runtime.runtime import ClientGone, Runtime
 from service.settings import Settings
@@ -115,9 +115,9 @@ def _serves(info: ModelInfo) -> str:
 
 
 def _embedding_kind(info: ModelInfo) -> str:
-    if info.sparse:
+    if info.output is Output.SPARSE:
         return "a sparse (SPLADE) embedding model: use /embed_sparse or POST /"
-    return "an embedding model" if info.pooling else "token rows"
+    return "an embedding model" if info.output is Output.POOLED else "token rows"
 
 
 async def serve(request: Request, parse: Parse) -> Response:

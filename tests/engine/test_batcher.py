@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from service.engine.batching import forming
 from service.engine.batching.batcher import Batcher, State
-from service.engine.batching.queue import Item
+from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.batching.forming import BatchFormer
+from service.engine.batching.queue import Item, WorkQueue
+from service.engine.batching.running import LastBatch
 from service.engine.jobs import Op, Unit
 from service.engine.loading import load_engine
 from service.engine.types import Engine, Prepared
@@ -287,33 +291,36 @@ class CountingEngine:
         return [Prepared(unit=u, n_tokens=5) for u in units]
 
 
+def former(fixed_s: float = 0.0) -> BatchFormer:
+    """A pool of up to 32 inputs whose batches cost `fixed_s` seconds each besides tokens."""
+    estimate = ServiceTimeEstimate(max_batch_size=32, overhead_tokens=100.0)
+    estimate.sec_per_token = fixed_s / 100.0
+    return BatchFormer(Settings(max_batch_size=32, max_queue_size=64), WorkQueue(64), estimate)
+
+
 def answered_clients_return(
     monkeypatch: pytest.MonkeyPatch, gap_s: float, fixed_s: float, quiet_s: float = 0.05
 ) -> tuple[int, float]:
     """After a batch of 4 (1 s long), with 4 inputs already pooled, the 4 answered clients'
     requests arrive `gap_s` apart (the first after one gap). Returns the pool's size when
-    `_await_answered_clients` returns, and how long it waited."""
-    import service.engine.batching.batcher as batcher_module
-
-    monkeypatch.setattr(batcher_module, "_QUIET_S", quiet_s)  # wide margins for a busy CI
-    b = Batcher(Settings(max_batch_size=32, max_queue_size=64))
-    b.estimate.overhead_tokens, b.estimate.sec_per_token = 100.0, fixed_s / 100.0
-    b._last_batch_size, b._last_batch_s = 4, 1.0
+    `await_answered_clients` returns, and how long it waited."""
+    monkeypatch.setattr(forming, "_QUIET_S", quiet_s)  # wide margins for a busy CI
+    pool = former(fixed_s)
     engine: Any = CountingEngine()
-    b._admit_to_pool(engine, items([f"queued {i}" for i in range(4)]))
+    pool.admit(engine, items([f"queued {i}" for i in range(4)]))
 
     def clients() -> None:
         for i in range(4):
             time.sleep(gap_s)
-            b.queue.offer(items([f"answered {i}"]), b.estimate)
+            pool.queue.offer(items([f"answered {i}"]), pool.estimate)
 
     sender = threading.Thread(target=clients)
     sender.start()
     started = time.monotonic()
-    b._await_answered_clients(engine)
+    pool.await_answered_clients(engine, LastBatch(size=4, seconds=1.0))
     waited = time.monotonic() - started
     sender.join()
-    return len(b._pool), waited
+    return len(pool.pool), waited
 
 
 def test_the_next_batch_waits_for_the_clients_just_answered(
@@ -335,12 +342,11 @@ def test_the_wait_ends_when_arrivals_are_too_slow_to_pay(monkeypatch: pytest.Mon
     assert waited < 0.2
 
 
-def test_no_wait_after_a_batch_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_wait_after_a_batch_of_one() -> None:
     """One client: nobody else is coming, the next input runs at once."""
-    b = Batcher(Settings(max_batch_size=32, max_queue_size=64))
-    b._last_batch_size, b._last_batch_s = 1, 1.0
+    pool = former()
     engine: Any = CountingEngine()
-    b._admit_to_pool(engine, items(["alone"]))
+    pool.admit(engine, items(["alone"]))
     started = time.monotonic()
-    b._await_answered_clients(engine)
-    assert time.monotonic() - started < 0.01 and len(b._pool) == 1
+    pool.await_answered_clients(engine, LastBatch(size=1, seconds=1.0))
+    assert time.monotonic() - started < 0.01 and len(pool.pool) == 1

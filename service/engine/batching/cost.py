@@ -1,11 +1,11 @@
-"""Admission: the service-time estimate behind deadline-aware shedding and `Retry-After`.
+"""The service-time estimate behind deadline-aware shedding and `Retry-After`.
 
-The cost model is the one the batch selector uses (`service.engine.batching.policy`): a batch of n
-inputs
-padded to L tokens takes `sec_per_token x (overhead_tokens + n x L)`. `sec_per_token` and the
-padded tokens per input are exponentially weighted moving averages over every batch run, so
-the estimate follows the lengths and batch sizes the load actually forms (a per-input average
-fed by single-input batches would overstate the cost of a burst that runs in full batches).
+The cost model is the one the batch selector uses (`service.engine.batching.policy`): a batch
+of n inputs padded to L tokens takes `sec_per_token x (overhead_tokens + n x L)`.
+`sec_per_token` and the padded tokens per input are exponentially weighted moving averages over
+every batch run, so the estimate follows the lengths and batch sizes the load actually forms (a
+per-input average fed by single-input batches would overstate the cost of a burst that runs in
+full batches).
 
 With Q inputs queued, draining them takes about `ceil(Q / B)` batches of overhead plus
 `Q x tokens_per_input` padded tokens, plus what is left of the running batch: Little's law on

@@ -1,8 +1,8 @@
 """Padding-aware batch selection: which queued inputs run together.
 
 On CPU a batch costs about `overhead + per_token x inputs x longest input`: every input is
-padded to the longest one. The inputs waiting with one parameter set, sorted by token count,
-are split into contiguous runs (at most MAX_BATCH_SIZE inputs and MAX_BATCH_TOKENS padded
+padded to the longest one. The inputs waiting (every op and parameter set), sorted by token
+count, are split into contiguous runs (at most MAX_BATCH_SIZE inputs and MAX_BATCH_TOKENS padded
 tokens each) that minimise the total cost, by dynamic programming over the sorted list (the
 optimal 1-D partition, O(inputs x MAX_BATCH_SIZE)). The run with the best efficiency
 

@@ -7,10 +7,11 @@ the event loop never waits on inference.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.occupancy import Occupancy, RequestTally
 from service.engine.jobs import Unit
 from service.engine.types import Prepared
-from service.errors import Overloaded
+from service.errors import DeadlineExceeded, Overloaded
 
 
 @dataclass(eq=False, kw_only=True)
@@ -34,6 +35,33 @@ class Item:
     prepared: Prepared | None = None
     passed_over: int = 0  # batches formed from its parameter group without it
     tally: RequestTally | None = None  # its request's stage, set when queued (`occupancy`)
+
+    @property
+    def tokens(self) -> int:
+        """Its padded length once tokenized (0 before)."""
+        return self.prepared.n_tokens if self.prepared is not None else 0
+
+    def fail(self, error: BaseException) -> None:
+        """Answer with `error`, unless already settled: the event loop cancels a queued input
+        whenever its request ends (a sibling input failed, the deadline passed, the client
+        left), and that can happen between any check of the thread and this call."""
+        with contextlib.suppress(InvalidStateError):
+            self.future.set_exception(error)
+
+    def dropped(self) -> bool:
+        """True when it must not be computed: its waiter left (counted by the reason the loop
+        gave), or its deadline passed (counted, and answered 504)."""
+        if self.future.cancelled():
+            if self.cancel_reason == "deadline":
+                metrics.EXPIRED.labels("queued").inc()
+            else:
+                metrics.CANCELLED.labels(self.cancel_reason).inc()
+            return True
+        if time.monotonic() >= self.deadline:
+            metrics.EXPIRED.labels("queued").inc()
+            self.fail(DeadlineExceeded("the request deadline passed in the queue"))
+            return True
+        return False
 
 
 class WorkQueue:
@@ -79,10 +107,9 @@ class WorkQueue:
         Full queue, or a predicted wait past the deadline: shedding happens before any work
         (TEI's `try_acquire_permit`), so a request that would wait past its deadline is
         refused now instead of expiring in the queue (counted when answered: `errors.shed`
-        reasons). Called by `offer`
-        under the lock, and from the request head (`service.http.shed_gate`) without it: a stale
-        read
-        there only decides one request a batch late, and `offer` decides again."""
+        reasons). Called by `offer` under the lock, and from the request head
+        (`service.http.shed_gate`) without it: a stale read there only decides one request a
+        batch late, and `offer` decides again."""
         depth = self._depth
         if depth + n > self.capacity:
             return Overloaded(

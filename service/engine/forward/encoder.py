@@ -6,19 +6,15 @@ pipeline's tokenizer and model, but without the pipeline's per-input Python: one
 per input (the tokenizers library runs in Rust), one padded numpy batch per forward, and
 answers cut from the batch's outputs. Inference thread only.
 
-Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_input_tokens`,
-else 422 naming the limit), `direction` ("right"/"left": which end truncation cuts),
-`strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
-sentence-transformers `prompts`), `normalize` (bool), `dimensions` (int: keep the first N, then
-normalize), `max_active_dims` (sparse: keep the k largest), `function_to_apply` and `top_k`
-(classify), `add_special_tokens` (tokenize), `skip_special_tokens` (decode), `count_tokens`
-(answer `jobs.Counted`).
+Tokenizing is `service.engine.forward.tokenizing` (the params it reads are listed there). Unit
+params read here (adapters validate them): `normalize` (bool), `dimensions` (int: keep the
+first N, then normalize), `max_active_dims` (sparse: keep the k largest), `function_to_apply`
+and `top_k` (classify), `count_tokens` (answer `jobs.Counted`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,22 +22,13 @@ import numpy as np
 from service.backends import Backend
 from service.backends.torch_backend import TorchBackend
 from service.engine import st_config
+from service.engine.forward.tokenizing import Encoded, UnitTokenizer
 from service.engine.jobs import Counted, Op, Unit
 from service.engine.pooling import outputs
-from service.engine.types import ModelInfo, Prepared, prepare_each
-from service.errors import InvalidInput
+from service.engine.types import ModelInfo, Output, Prepared
 
 if TYPE_CHECKING:
     from transformers import Pipeline
-
-
-@dataclass(eq=False, slots=True)
-class Encoded:
-    """One unit's token ids (and token type ids for pairs), ready to be padded into a batch."""
-
-    ids: list[int]
-    type_ids: list[int] | None
-    prompt_tokens: int  # prompt tokens at the start, left out of pooling (include_prompt=False)
 
 
 class EncoderEngine:
@@ -62,169 +49,20 @@ class EncoderEngine:
         tok = pipe.tokenizer
         assert tok is not None
         self.tok = tok
+        self.tokenizer = UnitTokenizer(tok, info, sentence)
         self.left = tok.padding_side == "left"
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
         self.types = "token_type_ids" in tok.model_input_names
-        self._prompt_tokens: dict[str, int] = {}
         self.heads = outputs.load_heads(sentence, pipe.device)  # Dense modules, float32
 
-    # -- per unit ------------------------------------------------------------------------
+    # -- per unit: `service.engine.forward.tokenizing` ------------------------------------
     def prepare(self, unit: Unit) -> Prepared:
-        """Tokenize one unit and check its length exactly (no forward for tokenize/decode).
-
-        Raises `InvalidInput` (422) for an input over `max_input_tokens` without truncation,
-        token ids outside the vocabulary, or an empty input once tokenized to nothing.
-        """
-        if not _text_to_encode(unit):
-            return self._prepare_other(unit)
-        return self._encode_one(unit)
+        """Tokenize `unit` (exact length checks); raises `InvalidInput` (422) for a bad input."""
+        return self.tokenizer.prepare(unit)
 
     def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
-        """`prepare` for each unit, in order; a unit's failure is its own entry (the exception
-        `prepare` would raise), never its neighbours'.
-
-        Texts that tokenize alike (same truncation, direction and strategy, all with or all
-        without a pair) go through one tokenizer call: the tokenizers library encodes the list
-        in Rust with the GIL released once, instead of once per text with the Python of a call
-        around each. Timed alone on 17 short texts: 75-88 us per text, against 106-175 us one
-        call each (README, Benchmarks, Short inputs). The ids are the same either way
-        (`tests/engine/test_encoder.py`)."""
-        out: dict[int, Prepared | Exception] = {}
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for k, unit in enumerate(units):
-            if not _text_to_encode(unit):
-                out[k] = prepare_each(self._prepare_other, [unit])[0]
-            else:
-                groups.setdefault(_encode_key(unit), []).append(k)
-        for members in groups.values():
-            group = [units[k] for k in members]
-            try:
-                results = [
-                    e if isinstance(e, Exception) else _prepared(u, e)
-                    for u, e in zip(group, self._encode_many(group), strict=True)
-                ]
-            except Exception:  # one text broke the call: each alone, so only it gets the error
-                results = prepare_each(self._encode_one, group)
-            out.update(zip(members, results, strict=True))
-        return [out[k] for k in range(len(units))]
-
-    def _encode_one(self, unit: Unit) -> Prepared:
-        result = self._encode_many([unit])[0]
-        if isinstance(result, Exception):
-            raise result
-        return _prepared(unit, result)
-
-    def _prepare_other(self, unit: Unit) -> Prepared:
-        if unit.op is Op.DECODE:
-            skip = bool(unit.params.get("skip_special_tokens", True))
-            return Prepared(unit=unit, n_tokens=0, answer=self._decode(unit, skip))
-        if unit.op is Op.TOKENIZE:
-            return Prepared(unit=unit, n_tokens=0, answer=self._tokens(unit))
-        return _prepared(unit, self._ids(unit))
-
-    def _text(self, unit: Unit) -> str:
-        assert unit.text is not None
-        prompt = self._prompt(unit)
-        if self.sentence is not None:
-            return st_config.st_text(unit.text, self.sentence, prompt)
-        return prompt + unit.text if prompt else unit.text
-
-    def _prompt(self, unit: Unit) -> str | None:
-        name = unit.params.get("prompt_name")
-        return None if name is None else self.info.prompts[name]
-
-    def _encode_many(self, units: Sequence[Unit]) -> list[Encoded | Exception]:
-        """One tokenizer call for `units` (one `_encode_key`); an over-length unit's entry is
-        its 422 (`InvalidInput`). Raises what the tokenizer raises."""
-        first = units[0]
-        limit = self.info.max_input_tokens
-        truncate = bool(first.params.get("truncate", False))
-        self.tok.truncation_side = first.params.get("direction", "right")
-        strategy = first.params.get("strategy", "longest_first") if truncate else False
-        enc = self.tok(
-            [self._text(u) for u in units],
-            None if first.pair is None else [u.pair for u in units],
-            truncation=strategy,
-            max_length=limit if truncate else None,
-            return_attention_mask=False,
-            return_token_type_ids=self.types,
-            verbose=False,  # over-length inputs get our 422, not the tokenizer's warning
-        )
-        out: list[Encoded | Exception] = []
-        for i, unit in enumerate(units):
-            ids = list(enc["input_ids"][i])
-            if len(ids) > limit:
-                out.append(
-                    InvalidInput(
-                        f"input is {len(ids)} tokens; this model takes at most {limit} tokens "
-                        "(shorten it, or ask for truncation: `truncate` or "
-                        "`parameters.truncation` where the route takes them, or TRUNCATE=true "
-                        "on the server)"
-                    )
-                )
-                continue
-            types = list(enc["token_type_ids"][i]) if self.types else None
-            out.append(Encoded(ids=ids, type_ids=types, prompt_tokens=self._prompt_length(unit)))
-        return out
-
-    def _ids(self, unit: Unit) -> Encoded:
-        """Token ids sent by the client, used as given (no special tokens added; TEI does the
-        same): truncated or refused like text."""
-        assert unit.ids is not None
-        ids = list(unit.ids)
-        _check_vocabulary(ids, self.info.vocab_size)
-        limit = self.info.max_input_tokens
-        if len(ids) > limit:
-            if not unit.params.get("truncate", False):
-                raise InvalidInput(
-                    f"input is {len(ids)} tokens; this model takes at most {limit} tokens"
-                )
-            ids = ids[-limit:] if unit.params.get("direction") == "left" else ids[:limit]
-        return Encoded(ids=ids, type_ids=[0] * len(ids) if self.types else None, prompt_tokens=0)
-
-    def _prompt_length(self, unit: Unit) -> int:
-        name = unit.params.get("prompt_name")
-        if name is None or self.sentence is None or self.sentence.include_prompt:
-            return 0
-        if name not in self._prompt_tokens:
-            self._prompt_tokens[name] = st_config.prompt_length(self.tok, self.info.prompts[name])
-        return self._prompt_tokens[name]
-
-    def _tokens(self, unit: Unit) -> list[dict[str, Any]]:
-        """TEI's /tokenize answer for one input (its `into_tokens`): each token's id, its text,
-        whether the tokenizer added it (the special-tokens mask: [CLS], [SEP]; an [UNK] from the
-        text is not special) and its span as UTF-8 byte offsets into the input with its prompt
-        (TEI reports the Rust tokenizer's byte offsets); a special token has its own text and
-        no span."""
-        text = self._text(unit)
-        enc = self.tok(
-            text,
-            add_special_tokens=bool(unit.params.get("add_special_tokens", True)),
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-        )
-        ids = enc["input_ids"]
-        pieces = self.tok.convert_ids_to_tokens(ids)
-        to_byte = _byte_offsets(text)
-        out = []
-        for token_id, piece, (start, stop), special in zip(
-            ids, pieces, enc["offset_mapping"], enc["special_tokens_mask"], strict=True
-        ):
-            out.append(
-                {
-                    "id": int(token_id),
-                    "text": piece if special else text[start:stop],
-                    "special": bool(special),
-                    "start": None if special else to_byte(start),
-                    "stop": None if special else to_byte(stop),
-                }
-            )
-        return out
-
-    def _decode(self, unit: Unit, skip_special_tokens: bool) -> str:
-        assert unit.ids is not None
-        _check_vocabulary(unit.ids, self.info.vocab_size)
-        return str(self.tok.decode(list(unit.ids), skip_special_tokens=skip_special_tokens))
+        """`prepare` for each unit, in order; a unit's failure is its own entry."""
+        return self.tokenizer.prepare_many(units)
 
     # -- per batch -----------------------------------------------------------------------
     def run(self, batch: list[Prepared]) -> list[Any]:
@@ -238,7 +76,7 @@ class EncoderEngine:
         lengths = np.array([len(e.ids) for e in encoded])
         inputs = self._pad(encoded, lengths)
         output = self.backend.forward(inputs)  # float32 on the CPU (service.backends)
-        if self.info.kind == "classifier":
+        if self.info.output is Output.CLASSIFIER:
             logits = output
             return [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
         return _with_counts(batch, self._answers(batch, output, inputs["attention_mask"], lengths))
@@ -249,8 +87,8 @@ class EncoderEngine:
         hidden = first.float()  # a no-op for the backends' float32 output
         answers: list[Any] = [None] * len(batch)
         for found in (
-            outputs.embed_rows(self, batch, hidden, mask),
-            outputs.sparse_rows(self, batch, hidden, mask),
+            outputs.embed_rows(batch, hidden, mask, self.info.pooling, self.heads),
+            outputs.sparse_rows(batch, hidden, mask, self.sentence),
         ):
             for i, answer in found.items():
                 answers[i] = answer
@@ -282,6 +120,11 @@ class EncoderEngine:
             out["token_type_ids"] = torch.from_numpy(types)
         return out
 
+    def padded(self, batch: list[Prepared]) -> dict[str, Any]:
+        """The int64 inputs [B, L] (L: the longest unit) the backend gets for `batch`."""
+        encoded: list[Encoded] = [p.payload for p in batch]
+        return self._pad(encoded, np.array([len(e.ids) for e in encoded]))
+
     def _classified(self, unit: Unit, logits: Any) -> Any:
         """`logits`: float32 [labels]; `classify`: what the text-classification pipeline
         answers with `top_k` (None: every label, highest first) and `function_to_apply`."""
@@ -298,43 +141,9 @@ class EncoderEngine:
         )
 
 
-def _text_to_encode(unit: Unit) -> bool:
-    """A text for the forward (not token ids, not /tokenize or /decode)."""
-    return unit.ids is None and unit.op is not Op.DECODE and unit.op is not Op.TOKENIZE
-
-
-def _encode_key(unit: Unit) -> tuple[Any, ...]:
-    """What must be alike for units to share one tokenizer call."""
-    p = unit.params
-    return (
-        bool(p.get("truncate", False)),
-        p.get("direction", "right"),
-        p.get("strategy", "longest_first"),
-        unit.pair is None,
-    )
-
-
-def _prepared(unit: Unit, encoded: Encoded) -> Prepared:
-    return Prepared(unit=unit, n_tokens=len(encoded.ids), payload=encoded)
-
-
-def _byte_offsets(text: str) -> Callable[[int], int]:
-    """A function from a character offset in `text` to its UTF-8 byte offset."""
-    if text.isascii():
-        return int
-    starts = np.cumsum([0, *(len(c.encode("utf-8", "surrogatepass")) for c in text)])
-    return lambda i: int(starts[i])
-
-
 def _with_counts(batch: list[Prepared], answers: list[Any]) -> list[Any]:
     """Each answer whose unit asked for `count_tokens` as `Counted(answer, its tokens)`."""
     return [
         Counted(a, p.n_tokens) if p.unit.params.get("count_tokens") else a
         for p, a in zip(batch, answers, strict=True)
     ]
-
-
-def _check_vocabulary(ids: Sequence[int], vocab: int) -> None:
-    bad = next((i for i in ids if not 0 <= i < vocab), None)
-    if bad is not None:
-        raise InvalidInput(f"token id {bad} is outside this model's vocabulary (0..{vocab - 1})")

@@ -26,7 +26,7 @@ _MAX_CACHED_PARAMETER_SETS = 256
 
 # Fill-mask answers at most this many predictions per input (mask tokens x top_k). The pipeline
 # decodes the whole input once per prediction, so without a bound one short request with many
-# masks and a top_k clamped to the vocabulary held the model for minutes (README, Parameters).
+# masks and a top_k clamped to the vocabulary would hold the model for minutes.
 MAX_FILL_MASK_PREDICTIONS = 1000
 
 

@@ -1,10 +1,10 @@
-"""What each model family does after the forward: pooled vectors through Dense heads, SPLADE
-pooling of MLM logits, and the start checks on both (served width, finite outputs).
+"""The embedding answers a batch's forward output gives: pooled vectors through Dense heads,
+SPLADE pooling of MLM logits; and what is read at start for them (the heads, the served width).
 
 `EncoderEngine.run` computes the model's first output once per batch; the answers of
 `Op.EMBED` and `Op.SPARSE` units are made here from that output and the batch's attention
-mask, as sentence-transformers' modules after its Transformer do (`service.engine.pooling`,
-`service.engine.pooling.heads`, `service.engine.pooling.sparse`). Inference thread only.
+mask, as sentence-transformers' modules after its Transformer do (`pool`, `heads`, `sparse`).
+Inference thread only.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from service.engine.types import Prepared
 if TYPE_CHECKING:
     import torch
 
-    from service.engine.forward.encoder import EncoderEngine
-
-log = structlog.get_logger("service.families")
+log = structlog.get_logger("service.outputs")
 
 
 def load_heads(
@@ -72,22 +70,26 @@ def served_dimension(sentence: st_config.SentenceConfig, config: Any) -> int:
 
 
 def embed_rows(
-    engine: EncoderEngine, batch: list[Prepared], hidden: torch.Tensor, mask: torch.Tensor
+    batch: list[Prepared],
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    modes: tuple[str, ...] | None,
+    dense: tuple[heads.DenseHead, ...],
 ) -> dict[int, np.ndarray]:
-    """Each `Op.EMBED` unit's vector, by batch position: pool -> Dense heads (float32) ->
-    cut to `dimensions` and normalize as its params say."""
+    """Each `Op.EMBED` unit's vector, by batch position: pool `hidden` [B, L, H] under `mask`
+    [B, L] by `modes` (`ModelInfo.pooling`) -> the `dense` heads (float32) -> cut to
+    `dimensions` and normalize as its params say."""
     import torch
 
     rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED]
     if not rows:
         return {}
-    modes = engine.info.pooling
     assert modes is not None
     index = torch.tensor(rows, device=hidden.device)
     prompt = torch.tensor([batch[i].payload.prompt_tokens for i in rows])
     mask = mask.to(hidden.device)
     vectors = pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
-    vectors = heads.apply_dense(vectors, engine.heads)
+    vectors = heads.apply_dense(vectors, dense)
     out = {}
     for j, i in enumerate(rows):
         params = batch[i].unit.params
@@ -104,15 +106,19 @@ def embed_rows(
 
 
 def sparse_rows(
-    engine: EncoderEngine, batch: list[Prepared], logits: torch.Tensor, mask: torch.Tensor
+    batch: list[Prepared],
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+    sentence: st_config.SentenceConfig | None,
 ) -> dict[int, sparse.SparseVector]:
-    """Each `Op.SPARSE` unit's SPLADE vector, by batch position (`max_active_dims` kept)."""
+    """Each `Op.SPARSE` unit's SPLADE vector, by batch position (`max_active_dims` kept), from
+    the MLM `logits` [B, L, vocab] under `mask` [B, L], as `sentence`'s SpladePooling says."""
     import torch
 
     rows = [i for i, p in enumerate(batch) if p.unit.op is Op.SPARSE]
     if not rows:
         return {}
-    spec = engine.sentence.splade if engine.sentence is not None else None
+    spec = sentence.splade if sentence is not None else None
     assert spec is not None
     index = torch.tensor(rows, device=logits.device)
     weights = sparse.splade_pool(logits[index], mask.to(logits.device)[index], spec)

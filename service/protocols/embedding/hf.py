@@ -52,7 +52,7 @@ class SentenceSimilarityRequest(_Request):
 def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) -> Job:
     assert isinstance(request, FeatureExtractionRequest)
     fields = _merged(request)
-    op = Op.SPARSE if info.sparse else Op.EMBED if Op.EMBED in info.ops else Op.ROWS
+    op = info.output.op  # EMBED, SPARSE or ROWS
     if op is Op.ROWS and (
         fields.get("normalize") is not None
         or fields.get("dimensions")

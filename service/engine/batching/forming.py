@@ -1,0 +1,197 @@
+"""Forming the next batch: the inputs tokenized and waiting (the pool), and which of them run
+together next. Inference thread only.
+
+Arrivals from the queue are tokenized into the pool (`admit`). Before each batch the pool
+waits briefly for the clients the last batch answered (`await_answered_clients`), answers 504
+for inputs that cannot finish in time (`drop_doomed`), and the batch is chosen padding-aware
+(`select`: `service.engine.batching.policy`) and filled for up to MAX_BATCH_WAIT_MS (`fill`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+
+from service import metrics
+from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.batching.policy import MAX_PASSES, best_run
+from service.engine.batching.queue import Item, WorkQueue
+from service.engine.batching.running import LastBatch
+from service.engine.jobs import NO_FORWARD
+from service.engine.types import Engine, prepare_each
+from service.errors import DeadlineExceeded, InferenceFailed, ServiceError
+from service.settings import Settings
+
+log = structlog.get_logger("service.batcher")
+
+# Waiting for answered clients' next requests (`await_answered_clients`): arrivals that pause
+# this long end the wait; it never lasts more than this share of the last batch's run time.
+_QUIET_S = 0.003
+_FILL_SHARE = 0.25
+
+
+class BatchFormer:
+    """The pool of prepared inputs waiting for a batch, and the next batch formed from it."""
+
+    def __init__(self, settings: Settings, queue: WorkQueue, estimate: ServiceTimeEstimate) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.estimate = estimate
+        self.pool: list[Item] = []  # prepared, in arrival order
+
+    def admit(self, engine: Engine, items: list[Item]) -> None:
+        """Drop the cancelled and expired, tokenize the rest (exact length checks; one
+        `prepare_many` call for all that arrived) into the pool; tokenize and decode are
+        answered here (no forward)."""
+        live = [item for item in items if not item.dropped()]
+        gone = len(items) - len(live)
+        units = [item.unit for item in live]
+        try:
+            prepared = engine.prepare_many(units) if units else []
+        except Exception:  # never the thread's end: each alone, so only the failing one errs
+            log.exception("prepare_many_failed", inputs=len(units))
+            prepared = prepare_each(engine.prepare, units)
+        for item, result in zip(live, prepared, strict=True):
+            if isinstance(result, ServiceError):
+                item.fail(result)
+                gone += 1
+                continue
+            if isinstance(result, Exception):
+                log.error("prepare_failed", exc_info=result)
+                item.fail(InferenceFailed("the model failed on this input"))
+                gone += 1
+                continue
+            item.prepared = result
+            if item.unit.op in NO_FORWARD:
+                if item.future.set_running_or_notify_cancel():
+                    item.future.set_result(result.answer)
+                gone += 1
+                continue
+            self.pool.append(item)
+        if gone:
+            self.queue.release(gone)
+
+    def next_batch(self, engine: Engine, last: LastBatch) -> list[Item]:
+        """The inputs to run now, taken out of the pool (empty when none is left to run)."""
+        if not self.pool:
+            return []
+        self.await_answered_clients(engine, last)
+        self.drop_doomed(last.seconds)
+        if not self.pool:
+            return []
+        batch = self.fill(engine, self.select(last.seconds), last.seconds)
+        self.take(batch)
+        return batch
+
+    def await_answered_clients(self, engine: Engine, last: LastBatch) -> None:
+        """After a batch, wait briefly for the next requests of the clients it answered (a
+        closed loop sends them as soon as the event loop has written their answers), up to a
+        pool of what is queued now plus that batch's size. Without this, what arrived while
+        the batch ran goes alone while the answered clients' requests queue behind it, and
+        the clients split into groups that alternate (two fixed costs where one would do).
+
+        Waiting pays while arrivals come fast enough: with a batch's fixed cost `a` seconds
+        (the calibrated overhead, `ServiceTimeEstimate`) and arrivals at `r` per second, a
+        pool of `n` inputs gains throughput by waiting as long as `r * a > n` (the derivative
+        of n / (a + b n) over a wait that adds r inputs a second). So the wait ends when the
+        pool reaches its target, arrivals pause for `_QUIET_S`, their rate no longer pays
+        (`r * a <= n`), or `_FILL_SHARE` of that batch's run time has passed."""
+        target = min(self.settings.max_batch_size, len(self.pool) + last.size)
+        if last.size < 2 or len(self.pool) >= target:
+            return
+        fixed_s = self.estimate.overhead_tokens * self.estimate.sec_per_token
+        until = time.monotonic() + _FILL_SHARE * last.seconds
+        first_at, since_first = 0.0, 0  # the rate counts from the first arrival: before it,
+        while len(self.pool) < target:  # the loop was writing the batch's answers
+            left = until - time.monotonic()
+            arrived = self.queue.take_new(min(left, _QUIET_S)) if left > 0 else []
+            if not arrived:
+                return
+            self.admit(engine, arrived)
+            now = time.monotonic()
+            if not first_at:
+                first_at, since_first = now, len(arrived) - 1
+                continue
+            since_first += len(arrived)
+            if since_first / max(now - first_at, 1e-4) * fixed_s <= len(self.pool):
+                return
+
+    def drop_doomed(self, last_s: float) -> None:
+        """Answer 504 now for inputs whose deadline passes before a batch could end (`last_s`,
+        the last batch's run time, from now): computing them would spend the model on answers
+        nobody reads. The pool is never emptied this way: the input with the latest deadline
+        stays and runs, so a batch always runs and the last batch's run time keeps following
+        the load (else one slow batch could doom every input after it, and no batch would run
+        again to correct that time). Alone in the pool an input always runs."""
+        if len(self.pool) < 2 or not last_s:
+            return
+        ends = time.monotonic() + last_s
+        doomed = [i for i in self.pool if i.deadline < ends]
+        if not doomed:
+            return
+        if len(doomed) == len(self.pool):
+            doomed.remove(max(doomed, key=lambda i: i.deadline))
+        gone = set(map(id, doomed))
+        self.pool = [i for i in self.pool if id(i) not in gone]
+        for item in doomed:
+            metrics.EXPIRED.labels("queued").inc()
+            item.fail(DeadlineExceeded("the request deadline passes before its batch could end"))
+        self.queue.release(len(doomed))
+
+    def select(self, last_s: float) -> list[Item]:
+        """The next batch from the pool, padding-aware (`service.engine.batching.policy`), with
+        any input passed over MAX_PASSES times or whose deadline is within 4 x `last_s`. Units
+        of every op and parameter set share batches: parameters only change each unit's own
+        tokenization and answer, never the forward."""
+        now = time.monotonic()
+        urgent_s = 4 * last_s
+        forced = [
+            i for i in self.pool if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s
+        ]
+        must = min(forced, key=lambda i: (i.deadline, i.enqueued_at)) if forced else None
+        group = sorted(self.pool, key=lambda i: i.tokens)
+        start, stop = best_run(
+            [i.tokens for i in group],
+            must=group.index(must) if must is not None else None,
+            max_size=self.settings.max_batch_size,
+            max_tokens=self.settings.max_batch_tokens,
+            overhead_tokens=self.estimate.overhead_tokens,
+        )
+        return sorted(group[start:stop], key=lambda i: i.enqueued_at)
+
+    def fill(self, engine: Engine, batch: list[Item], last_s: float) -> list[Item]:
+        """Wait up to MAX_BATCH_WAIT_MS, once per batch from when it starts forming, for more
+        inputs (one deadline per batch, never reset per input)."""
+        wait_s = self.settings.max_batch_wait_ms / 1000
+        if wait_s <= 0 or len(batch) >= self.settings.max_batch_size:
+            return batch
+        started = time.monotonic()
+        until = started + wait_s
+        while len(batch) < self.settings.max_batch_size and time.monotonic() < until:
+            self.admit(engine, self.queue.take_new(until - time.monotonic()))
+            batch = self.select(last_s)
+        metrics.BATCH_FILL_WAIT.observe(time.monotonic() - started)
+        return batch
+
+    def take(self, batch: list[Item]) -> None:
+        """Take `batch` out of the pool (they leave the queue's depth); the inputs left behind
+        were passed over once more."""
+        chosen = set(map(id, batch))
+        self.pool = [i for i in self.pool if id(i) not in chosen]
+        for item in self.pool:
+            item.passed_over += 1
+        self.queue.release(len(batch))
+
+    def fail_pool(self, error: Callable[[], BaseException]) -> None:
+        """Answer every pooled input with a new `error()`."""
+        pool, self.pool = self.pool, []
+        for item in pool:
+            item.fail(error())
+        self.queue.release(len(pool))
+
+    def fail_all(self, error: Callable[[], BaseException]) -> None:
+        """Answer the pool and everything still queued (not yet tokenized) alike."""
+        self.pool.extend(self.queue.take_new(0))
+        self.fail_pool(error)

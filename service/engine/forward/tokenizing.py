@@ -1,0 +1,235 @@
+"""Tokenizing units for the encoder engine: texts (and pairs) to token ids with exact length
+checks, client token ids used as given, and the answers that need no forward (TEI's /tokenize
+and /decode). Inference thread only.
+
+Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_input_tokens`,
+else 422 naming the limit), `direction` ("right"/"left": which end truncation cuts),
+`strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
+sentence-transformers `prompts`), `add_special_tokens` (tokenize), `skip_special_tokens`
+(decode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.engine import st_config
+from service.engine.jobs import Op, Unit
+from service.engine.types import ModelInfo, Prepared, prepare_each
+from service.errors import InvalidInput
+
+
+@dataclass(eq=False, slots=True)
+class Encoded:
+    """One unit's token ids (and token type ids for pairs), ready to be padded into a batch."""
+
+    ids: list[int]
+    type_ids: list[int] | None
+    prompt_tokens: int  # prompt tokens at the start, left out of pooling (include_prompt=False)
+
+
+class UnitTokenizer:
+    """The encoder engine's `prepare` and `prepare_many`, on the pipeline's tokenizer `tok`:
+    each unit to its `Encoded` ids (or its answer, for tokenize and decode)."""
+
+    def __init__(
+        self, tok: Any, info: ModelInfo, sentence: st_config.SentenceConfig | None
+    ) -> None:
+        self.tok = tok
+        self.info = info
+        self.sentence = sentence
+        self.types = "token_type_ids" in tok.model_input_names
+        self._prompt_tokens: dict[str, int] = {}
+
+    def prepare(self, unit: Unit) -> Prepared:
+        """Tokenize one unit and check its length exactly (no forward for tokenize/decode).
+
+        Raises `InvalidInput` (422) for an input over `max_input_tokens` without truncation,
+        token ids outside the vocabulary, or an empty input once tokenized to nothing.
+        """
+        if not _text_to_encode(unit):
+            return self._prepare_other(unit)
+        return self._encode_one(unit)
+
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        """`prepare` for each unit, in order; a unit's failure is its own entry (the exception
+        `prepare` would raise), never its neighbours'.
+
+        Texts that tokenize alike (same truncation, direction and strategy, all with or all
+        without a pair) go through one tokenizer call: the tokenizers library encodes the list
+        in Rust with the GIL released once, instead of once per text with the Python of a call
+        around each. The ids are the same either way (`tests/engine/test_encoder.py`)."""
+        out: dict[int, Prepared | Exception] = {}
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for k, unit in enumerate(units):
+            if not _text_to_encode(unit):
+                out[k] = prepare_each(self._prepare_other, [unit])[0]
+            else:
+                groups.setdefault(_encode_key(unit), []).append(k)
+        for members in groups.values():
+            group = [units[k] for k in members]
+            try:
+                results = [
+                    e if isinstance(e, Exception) else _prepared(u, e)
+                    for u, e in zip(group, self._encode_many(group), strict=True)
+                ]
+            except Exception:  # one text broke the call: each alone, so only it gets the error
+                results = prepare_each(self._encode_one, group)
+            out.update(zip(members, results, strict=True))
+        return [out[k] for k in range(len(units))]
+
+    def _encode_one(self, unit: Unit) -> Prepared:
+        result = self._encode_many([unit])[0]
+        if isinstance(result, Exception):
+            raise result
+        return _prepared(unit, result)
+
+    def _prepare_other(self, unit: Unit) -> Prepared:
+        if unit.op is Op.DECODE:
+            skip = bool(unit.params.get("skip_special_tokens", True))
+            return Prepared(unit=unit, n_tokens=0, answer=self._decode(unit, skip))
+        if unit.op is Op.TOKENIZE:
+            return Prepared(unit=unit, n_tokens=0, answer=self._tokens(unit))
+        return _prepared(unit, self._ids(unit))
+
+    def _text(self, unit: Unit) -> str:
+        assert unit.text is not None
+        prompt = self._prompt(unit)
+        if self.sentence is not None:
+            return st_config.st_text(unit.text, self.sentence, prompt)
+        return prompt + unit.text if prompt else unit.text
+
+    def _prompt(self, unit: Unit) -> str | None:
+        name = unit.params.get("prompt_name")
+        return None if name is None else self.info.prompts[name]
+
+    def _encode_many(self, units: Sequence[Unit]) -> list[Encoded | Exception]:
+        """One tokenizer call for `units` (one `_encode_key`); an over-length unit's entry is
+        its 422 (`InvalidInput`). Raises what the tokenizer raises."""
+        first = units[0]
+        limit = self.info.max_input_tokens
+        truncate = bool(first.params.get("truncate", False))
+        self.tok.truncation_side = first.params.get("direction", "right")
+        strategy = first.params.get("strategy", "longest_first") if truncate else False
+        enc = self.tok(
+            [self._text(u) for u in units],
+            None if first.pair is None else [u.pair for u in units],
+            truncation=strategy,
+            max_length=limit if truncate else None,
+            return_attention_mask=False,
+            return_token_type_ids=self.types,
+            verbose=False,  # over-length inputs get our 422, not the tokenizer's warning
+        )
+        out: list[Encoded | Exception] = []
+        for i, unit in enumerate(units):
+            ids = list(enc["input_ids"][i])
+            if len(ids) > limit:
+                out.append(
+                    InvalidInput(
+                        f"input is {len(ids)} tokens; this model takes at most {limit} tokens "
+                        "(shorten it, or ask for truncation: `truncate` or "
+                        "`parameters.truncation` where the route takes them, or TRUNCATE=true "
+                        "on the server)"
+                    )
+                )
+                continue
+            types = list(enc["token_type_ids"][i]) if self.types else None
+            out.append(Encoded(ids=ids, type_ids=types, prompt_tokens=self._prompt_length(unit)))
+        return out
+
+    def _ids(self, unit: Unit) -> Encoded:
+        """Token ids sent by the client, used as given (no special tokens added; TEI does the
+        same): truncated or refused like text."""
+        assert unit.ids is not None
+        ids = list(unit.ids)
+        _check_vocabulary(ids, self.info.vocab_size)
+        limit = self.info.max_input_tokens
+        if len(ids) > limit:
+            if not unit.params.get("truncate", False):
+                raise InvalidInput(
+                    f"input is {len(ids)} tokens; this model takes at most {limit} tokens"
+                )
+            ids = ids[-limit:] if unit.params.get("direction") == "left" else ids[:limit]
+        return Encoded(ids=ids, type_ids=[0] * len(ids) if self.types else None, prompt_tokens=0)
+
+    def _prompt_length(self, unit: Unit) -> int:
+        name = unit.params.get("prompt_name")
+        if name is None or self.sentence is None or self.sentence.include_prompt:
+            return 0
+        if name not in self._prompt_tokens:
+            self._prompt_tokens[name] = st_config.prompt_length(self.tok, self.info.prompts[name])
+        return self._prompt_tokens[name]
+
+    def _tokens(self, unit: Unit) -> list[dict[str, Any]]:
+        """TEI's /tokenize answer for one input (its `into_tokens`): each token's id, its text,
+        whether the tokenizer added it (the special-tokens mask: [CLS], [SEP]; an [UNK] from the
+        text is not special) and its span as UTF-8 byte offsets into the input with its prompt
+        (TEI reports the Rust tokenizer's byte offsets); a special token has its own text and
+        no span."""
+        text = self._text(unit)
+        enc = self.tok(
+            text,
+            add_special_tokens=bool(unit.params.get("add_special_tokens", True)),
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        ids = enc["input_ids"]
+        pieces = self.tok.convert_ids_to_tokens(ids)
+        to_byte = _byte_offsets(text)
+        out = []
+        for token_id, piece, (start, stop), special in zip(
+            ids, pieces, enc["offset_mapping"], enc["special_tokens_mask"], strict=True
+        ):
+            out.append(
+                {
+                    "id": int(token_id),
+                    "text": piece if special else text[start:stop],
+                    "special": bool(special),
+                    "start": None if special else to_byte(start),
+                    "stop": None if special else to_byte(stop),
+                }
+            )
+        return out
+
+    def _decode(self, unit: Unit, skip_special_tokens: bool) -> str:
+        assert unit.ids is not None
+        _check_vocabulary(unit.ids, self.info.vocab_size)
+        return str(self.tok.decode(list(unit.ids), skip_special_tokens=skip_special_tokens))
+
+
+def _text_to_encode(unit: Unit) -> bool:
+    """A text for the forward (not token ids, not /tokenize or /decode)."""
+    return unit.ids is None and unit.op is not Op.DECODE and unit.op is not Op.TOKENIZE
+
+
+def _encode_key(unit: Unit) -> tuple[Any, ...]:
+    """What must be alike for units to share one tokenizer call."""
+    p = unit.params
+    return (
+        bool(p.get("truncate", False)),
+        p.get("direction", "right"),
+        p.get("strategy", "longest_first"),
+        unit.pair is None,
+    )
+
+
+def _prepared(unit: Unit, encoded: Encoded) -> Prepared:
+    return Prepared(unit=unit, n_tokens=len(encoded.ids), payload=encoded)
+
+
+def _byte_offsets(text: str) -> Callable[[int], int]:
+    """A function from a character offset in `text` to its UTF-8 byte offset."""
+    if text.isascii():
+        return int
+    starts = np.cumsum([0, *(len(c.encode("utf-8", "surrogatepass")) for c in text)])
+    return lambda i: int(starts[i])
+
+
+def _check_vocabulary(ids: Sequence[int], vocab: int) -> None:
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise InvalidInput(f"token id {bad} is outside this model's vocabulary (0..{vocab - 1})")

@@ -1,0 +1,96 @@
+"""What a model's files say before its weights load: its config.json, its sentence-transformers
+configuration (the folder's or the `POOLING` setting's), and where its files are (a local folder
+or the hub's cached snapshot). No torch; transformers and huggingface_hub are imported lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from service.engine import st_config
+from service.settings import Settings
+
+log = structlog.get_logger("service.loading")
+
+
+def config_json(model_id: str, settings: Settings) -> dict[str, Any]:
+    """The model's config.json as a dict (a local folder, or the hub's cache / the hub)."""
+    config_file = Path(model_id) / "config.json"
+    if config_file.is_file():
+        return dict(json.loads(config_file.read_text()))
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        model_id, revision=settings.revision, trust_remote_code=settings.trust_remote_code
+    )
+    return dict(config.to_dict())
+
+
+def is_splade(model_id: str, settings: Settings) -> bool:
+    """POOLING=splade, or a local sentence-transformers SparseEncoder folder (SpladePooling)."""
+    if settings.pooling == "splade":
+        return True
+    if settings.pooling == "none" or not Path(model_id).is_dir():
+        return False
+    try:
+        found = st_config.read_sentence_config(Path(model_id))
+    except (st_config.UnsupportedModel, ValueError, OSError):
+        return False  # refused with its message where the task needs it (preflight)
+    return found is not None and found.splade is not None
+
+
+def sentence_config(model_id: str, settings: Settings) -> st_config.SentenceConfig | None:
+    """The sentence-transformers configuration of the model's folder (pooling, normalization,
+    max_seq_length, prompts), or the `POOLING` setting's; None for token rows only.
+    `POOLING=none` keeps token rows even for a sentence-transformers model."""
+    if settings.pooling == "none":
+        return None
+    folder = local_folder(model_id, settings)
+    found = st_config.read_sentence_config(folder) if folder is not None else None
+    if settings.pooling is None:
+        return found
+    hidden = int(config_json(model_id, settings).get("hidden_size") or 0)
+    chosen = st_config.config_for_pooling(settings.pooling, hidden)
+    if found is None:
+        return chosen
+    if chosen.splade is not None:
+        return dataclasses.replace(found, modes=(), dense=(), normalize=False, splade=chosen.splade)
+    return dataclasses.replace(found, modes=chosen.modes, dimension=chosen.dimension)
+
+
+def local_folder(model_id: str, settings: Settings) -> Path | None:
+    """A folder holding the model's sentence-transformers files: the local folder itself,
+    or the hub snapshot of those files (from the cache when offline); None if neither."""
+    if Path(model_id).is_dir():
+        return Path(model_id)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                model_id,
+                revision=settings.revision,
+                allow_patterns=["modules.json", "*.json", "*/config.json"],
+            )
+        )
+    except Exception:
+        log.warning("sentence_config_unavailable", model_id=model_id)
+        return None
+
+
+def weights_folder(weights: str, settings: Settings) -> Path | None:
+    """The local folder of the model's weights (a hub model's cached snapshot), or None."""
+    if Path(weights).is_dir():
+        return Path(weights)
+    try:
+        from transformers.utils import cached_file
+
+        found = cached_file(weights, "config.json", revision=settings.revision)
+    except Exception:
+        return None
+    return Path(found).parent if found else None
