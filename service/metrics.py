@@ -53,6 +53,14 @@ EXPIRED = Counter(
     "Inputs whose deadline passed, by stage: receiving (the body, counted once), queued, running.",
     ["stage"],
 )
+LONG_INPUTS = Counter(
+    _P + "long_inputs_total",
+    "Inputs over the model's token limit, by what was done (LONG_INPUTS, or the request's own "
+    "choice): truncated, chunked (embedded in windows), refused (422).",
+    ["action"],
+)
+for _action in ("truncated", "chunked", "refused"):
+    LONG_INPUTS.labels(_action)  # exported from the start, at 0
 CANCELLED = Counter(_P + "cancelled_total", "Inputs dropped before compute.", ["reason"])
 MODEL_LOAD_SECONDS = Gauge(_P + "model_load_seconds", "Seconds the model took to load and warm.")
 READY = Gauge(_P + "ready", "1 when the model is loaded, warmed and not draining.")

@@ -32,6 +32,12 @@ def default_log_format() -> Literal["json", "console"]:
         return "json"
 
 
+_BOOLS = {
+    **dict.fromkeys(("1", "true", "t", "yes", "y", "on"), True),
+    **dict.fromkeys(("0", "false", "f", "no", "n", "off"), False),
+}
+
+
 class SettingsError(Exception):
     """A setting is invalid; `str()` is one line naming the environment variable."""
 
@@ -64,6 +70,11 @@ class Settings(BaseSettings):
     max_client_batch_size: int = Field(64, ge=1)
     max_body_bytes: int = Field(1024 * 1024, ge=1)
     request_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    # Inputs over the model's limit (README, Long inputs): refuse (422), truncate (cut at the
+    # limit, as sentence-transformers does), or chunk (embed windows and average them).
+    # TRUNCATE=true, the older switch, means truncate; LONG_INPUTS wins when both are set and
+    # they disagree is an error. `truncate` mirrors `long_inputs == "truncate"`.
+    long_inputs: Literal["refuse", "truncate", "chunk"] = "refuse"
     truncate: bool = False
     # Sentence-embedding pooling: unset = the model's sentence-transformers config (none: token
     # rows); a mode = pool every model's token rows so (overrides the config's modes); none =
@@ -105,6 +116,28 @@ class Settings(BaseSettings):
     # The shed budget (service/admission/budget.py, issue 24): the share of one core that answering
     # sheds may take; past it, connections that resend at once are not read for a while. 0: off.
     shed_budget_share: float = Field(0.05, ge=0, le=1, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _long_inputs_from_truncate(cls, data: object) -> object:
+        """LONG_INPUTS, else TRUNCATE=true (truncate), else refuse; `truncate` follows the mode."""
+        if not isinstance(data, dict):
+            return data
+        mode, truncate = data.get("long_inputs"), data.get("truncate", False)
+        if isinstance(truncate, str):
+            truncate = _BOOLS.get(truncate.strip().lower(), truncate)
+        if not isinstance(truncate, bool):
+            return data  # not a boolean: its own check names TRUNCATE
+        truncating = truncate
+        if mode is None:
+            mode = "truncate" if truncating else "refuse"
+        mode = mode.strip().lower() if isinstance(mode, str) else mode
+        if truncating and mode != "truncate":
+            raise ValueError(
+                f"LONG_INPUTS={mode} and TRUNCATE=true disagree; set LONG_INPUTS alone "
+                "(refuse, truncate or chunk)"
+            )
+        return {**data, "long_inputs": mode, "truncate": mode == "truncate"}
 
     @field_validator("log_level", "log_format", "pooling", "backend", "dtype", mode="before")
     @classmethod

@@ -121,12 +121,16 @@ class Prepared:
 
     `n_tokens`: its padded length (padding decides cost); `payload`: the engine's own (the
     pipeline's preprocessed chunks, or `service.engine.forward.encoder.Encoded`); `answer`: set
-    instead for ops that need no forward (tokenize, decode)."""
+    instead for ops that need no forward (tokenize, decode). `parts`: set for an input computed
+    as several units (a long input's windows, `service.engine.forward.windows`), each batched
+    as an input of its own; `merge` turns their answers, in order, into this unit's."""
 
     unit: Unit
     n_tokens: int
     payload: Any = None
     answer: Any = None
+    parts: tuple[Prepared, ...] = ()
+    merge: Callable[[list[Any]], Any] | None = None
 
 
 class Engine(Protocol):

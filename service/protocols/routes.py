@@ -91,6 +91,10 @@ async def info(request: Request) -> Response:
                 "max_body_bytes": s.max_body_bytes,
                 "request_timeout_s": s.request_timeout_s,
                 "truncate": s.truncate,
+                "long_inputs": {
+                    "mode": s.long_inputs,
+                    "max_input_tokens": model.max_input_tokens if model else None,
+                },
                 "drain_timeout_s": s.drain_timeout_s,
                 "liveness_stall_s": s.liveness_stall_s,
             },

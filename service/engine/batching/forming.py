@@ -15,6 +15,7 @@ from collections.abc import Callable
 import structlog
 
 from service import metrics
+from service.engine.batching import parts
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.policy import MAX_PASSES, best_run
 from service.engine.batching.queue import Item, WorkQueue
@@ -44,7 +45,8 @@ class BatchFormer:
     def admit(self, engine: Engine, items: list[Item]) -> None:
         """Drop the cancelled and expired, tokenize the rest (exact length checks; one
         `prepare_many` call for all that arrived) into the pool; tokenize and decode are
-        answered here (no forward)."""
+        answered here (no forward); an input made into parts (a long input's windows) enters
+        as its parts (`service.engine.batching.parts`)."""
         live = [item for item in items if not item.dropped()]
         gone = len(items) - len(live)
         units = [item.unit for item in live]
@@ -64,6 +66,9 @@ class BatchFormer:
                 gone += 1
                 continue
             item.prepared = result
+            if result.parts:  # a long input's windows: each batched as an input
+                self.pool.extend(parts.expand(item, result, self.queue))
+                continue
             if item.unit.op in NO_FORWARD:
                 if item.future.set_running_or_notify_cancel():
                     item.future.set_result(result.answer)

@@ -88,6 +88,14 @@ class RequestTally:
         self._queued = inputs
         self._running: set[int] = set()  # id() of the futures in the running batch
 
+    def expand(self, futures: Sequence[Future[Any]]) -> None:
+        """One of the request's inputs became these parts (a long input's windows): each is
+        queued, and runs and settles on its own, until the input itself settles."""
+        with self._occupancy._lock:
+            self._queued += len(futures)
+        for future in futures:
+            future.add_done_callback(self.input_done)
+
     def stage(self) -> str | None:
         if self._running:
             return "running"

@@ -35,6 +35,7 @@ class Item:
     prepared: Prepared | None = None
     passed_over: int = 0  # batches formed from its parameter group without it
     tally: RequestTally | None = None  # its request's stage, set when queued (`occupancy`)
+    parent: Item | None = None  # the input this one is a part of (a window: `parts`)
 
     @property
     def tokens(self) -> int:
@@ -50,7 +51,15 @@ class Item:
 
     def dropped(self) -> bool:
         """True when it must not be computed: its waiter left (counted by the reason the loop
-        gave), or its deadline passed (counted, and answered 504)."""
+        gave), or its deadline passed (counted, and answered 504). A part is dropped, and
+        cancelled, once its input is settled (its waiter left, or another part failed)."""
+        parent = self.parent
+        if parent is not None and parent.future.done():
+            self.future.cancel()
+            if parent.future.cancelled():
+                self.cancel_reason = parent.cancel_reason
+            else:
+                return True  # a sibling failed: its input's error is answered already
         if self.future.cancelled():
             if self.cancel_reason == "deadline":
                 metrics.EXPIRED.labels("queued").inc()
@@ -154,6 +163,13 @@ class WorkQueue:
             taken = list(self._new)
             self._new.clear()
             return taken
+
+    def charge(self, n: int) -> None:
+        """`n` more inputs wait than were offered: an input became several parts (its windows,
+        `service.engine.batching.parts`), each counted from now on."""
+        with self._cond:
+            self._depth += n
+            metrics.QUEUE_DEPTH.set(self._depth)
 
     def release(self, n: int) -> None:
         """`n` inputs left the waiting set (started, answered with an error, or dropped)."""

@@ -3,10 +3,11 @@ checks, client token ids used as given, and the answers that need no forward (TE
 and /decode). Inference thread only.
 
 Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_input_tokens`,
-else 422 naming the limit), `direction` ("right"/"left": which end truncation cuts),
-`strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
-sentence-transformers `prompts`), `add_special_tokens` (tokenize), `skip_special_tokens`
-(decode).
+else 422 naming the limit), `chunk` (bool: an `embed` text over the limit is embedded in
+windows instead, `service.engine.forward.windows`), `direction` ("right"/"left": which end
+truncation cuts), `strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key
+of the model's sentence-transformers `prompts`), `add_special_tokens` (tokenize),
+`skip_special_tokens` (decode).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from service import metrics
 from service.engine import st_config
+from service.engine.forward import windows
 from service.engine.jobs import Op, Unit
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
@@ -44,6 +47,7 @@ class UnitTokenizer:
         self.sentence = sentence
         self.types = "token_type_ids" in tok.model_input_names
         self._prompt_tokens: dict[str, int] = {}
+        self._template: windows.Template | None = None
 
     def prepare(self, unit: Unit) -> Prepared:
         """Tokenize one unit and check its length exactly (no forward for tokenize/decode).
@@ -74,7 +78,7 @@ class UnitTokenizer:
             group = [units[k] for k in members]
             try:
                 results = [
-                    e if isinstance(e, Exception) else _prepared(u, e)
+                    e if isinstance(e, Exception | Prepared) else _prepared(u, e)
                     for u, e in zip(group, self._encode_many(group), strict=True)
                 ]
             except Exception:  # one text broke the call: each alone, so only it gets the error
@@ -86,7 +90,7 @@ class UnitTokenizer:
         result = self._encode_many([unit])[0]
         if isinstance(result, Exception):
             raise result
-        return _prepared(unit, result)
+        return result if isinstance(result, Prepared) else _prepared(unit, result)
 
     def _prepare_other(self, unit: Unit) -> Prepared:
         if unit.op is Op.DECODE:
@@ -107,9 +111,9 @@ class UnitTokenizer:
         name = unit.params.get("prompt_name")
         return None if name is None else self.info.prompts[name]
 
-    def _encode_many(self, units: Sequence[Unit]) -> list[Encoded | Exception]:
+    def _encode_many(self, units: Sequence[Unit]) -> list[Encoded | Prepared | Exception]:
         """One tokenizer call for `units` (one `_encode_key`); an over-length unit's entry is
-        its 422 (`InvalidInput`). Raises what the tokenizer raises."""
+        its 422 (`InvalidInput`), or its windows (`chunk`). Raises what the tokenizer raises."""
         first = units[0]
         limit = self.info.max_input_tokens
         truncate = bool(first.params.get("truncate", False))
@@ -124,22 +128,52 @@ class UnitTokenizer:
             return_token_type_ids=self.types,
             verbose=False,  # over-length inputs get our 422, not the tokenizer's warning
         )
-        out: list[Encoded | Exception] = []
+        out: list[Encoded | Prepared | Exception] = []
         for i, unit in enumerate(units):
             ids = list(enc["input_ids"][i])
             if len(ids) > limit:
-                out.append(
-                    InvalidInput(
-                        f"input is {len(ids)} tokens; this model takes at most {limit} tokens "
-                        "(shorten it, or ask for truncation: `truncate` or "
-                        "`parameters.truncation` where the route takes them, or TRUNCATE=true "
-                        "on the server)"
-                    )
-                )
+                out.append(self._over_limit(unit, len(ids)))
                 continue
+            if truncate and _truncated(enc, i):
+                metrics.LONG_INPUTS.labels("truncated").inc()
             types = list(enc["token_type_ids"][i]) if self.types else None
             out.append(Encoded(ids=ids, type_ids=types, prompt_tokens=self._prompt_length(unit)))
         return out
+
+    def _over_limit(self, unit: Unit, n: int) -> Prepared | InvalidInput:
+        """A text of `n` tokens over the limit, without truncation: its windows when the unit
+        asks for `chunk` (an `embed` text alone: pooled embeddings average), else its 422."""
+        limit = self.info.max_input_tokens
+        chunkable = unit.op is Op.EMBED and unit.pair is None
+        if unit.params.get("chunk") and chunkable:
+            metrics.LONG_INPUTS.labels("chunked").inc()
+            return self._windows(unit)
+        metrics.LONG_INPUTS.labels("refused").inc()
+        why = (
+            " (LONG_INPUTS=chunk makes windows of pooled embeddings only: ask for truncation "
+            "with `truncate` or `parameters.truncation` where the route takes them)"
+            if unit.params.get("chunk")
+            else " (shorten it, or ask for truncation: `truncate` or `parameters.truncation` "
+            "where the route takes them, or LONG_INPUTS=truncate or chunk on the server)"
+        )
+        return InvalidInput(f"input is {n} tokens; this model takes at most {limit} tokens{why}")
+
+    def _windows(self, unit: Unit) -> Prepared:
+        """`unit`'s text in windows of the model's limit (`service.engine.forward.windows`)."""
+        if self._template is None:
+            self._template = windows.template(self.tok)
+        content = self.tok(self._text(unit), add_special_tokens=False, verbose=False)
+        split = windows.split(content["input_ids"], self.info.max_input_tokens, self._template)
+        prompt = self._prompt_length(unit)
+        encoded = [
+            Encoded(
+                ids=ids,
+                type_ids=[0] * len(ids) if self.types else None,
+                prompt_tokens=min(prompt, len(ids)) if k == 0 else 0,
+            )
+            for k, ids in enumerate(split)
+        ]
+        return windows.chunked(unit, encoded)
 
     def _ids(self, unit: Unit) -> Encoded:
         """Token ids sent by the client, used as given (no special tokens added; TEI does the
@@ -150,9 +184,11 @@ class UnitTokenizer:
         limit = self.info.max_input_tokens
         if len(ids) > limit:
             if not unit.params.get("truncate", False):
+                metrics.LONG_INPUTS.labels("refused").inc()
                 raise InvalidInput(
                     f"input is {len(ids)} tokens; this model takes at most {limit} tokens"
                 )
+            metrics.LONG_INPUTS.labels("truncated").inc()
             ids = ids[-limit:] if unit.params.get("direction") == "left" else ids[:limit]
         return Encoded(ids=ids, type_ids=[0] * len(ids) if self.types else None, prompt_tokens=0)
 
@@ -215,6 +251,12 @@ def _encode_key(unit: Unit) -> tuple[Any, ...]:
         p.get("strategy", "longest_first"),
         unit.pair is None,
     )
+
+
+def _truncated(enc: Any, i: int) -> bool:
+    """The tokenizer cut text `i` of the call's answer `enc` (its overflow is not empty)."""
+    encodings = getattr(enc, "encodings", None)
+    return bool(encodings and encodings[i].overflowing)
 
 
 def _prepared(unit: Unit, encoded: Encoded) -> Prepared:

@@ -43,10 +43,15 @@ def embedding_params(
     prompt_name: str | None,
     normalize: bool | None = None,
     dimensions: int | None = None,
-    default_truncate: bool = False,
+    long_inputs: str = "refuse",
 ) -> dict[str, Any]:
     """Unit params for `embed`/`rows`, checked against the model: a prompt it names, a
-    `dimensions` it can cut to. Shared by every embedding protocol."""
+    `dimensions` it can cut to. Shared by every embedding protocol.
+
+    `truncate` is the request's own choice (None: not said); `long_inputs` the server's mode
+    (LONG_INPUTS) for inputs over the limit when the request does not say: `truncate` cuts,
+    `chunk` embeds windows and averages them (`service.engine.forward.windows`), `refuse`
+    answers 422. A request's `truncate: false` refuses, whatever the mode."""
     if prompt_name is not None and prompt_name not in info.prompts:
         known = ", ".join(sorted(info.prompts)) or "none"
         raise InvalidInput(
@@ -57,7 +62,8 @@ def embedding_params(
             f"dimensions {dimensions} is more than this model's {info.dimension}; send at most that"
         )
     return {
-        "truncate": default_truncate if truncate is None else truncate,
+        "truncate": long_inputs == "truncate" if truncate is None else truncate,
+        "chunk": truncate is None and long_inputs == "chunk",
         "direction": direction or "right",
         "prompt_name": info.default_prompt_name if prompt_name is None else prompt_name,
         # Unset: as the model's own pipeline does (its Normalize module), which is what

@@ -75,7 +75,7 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
         prompt_name=fields.get("prompt_name"),
         normalize=fields.get("normalize"),
         dimensions=fields.get("dimensions"),
-        default_truncate=settings.truncate,
+        long_inputs=settings.long_inputs,
     )
     units = [Unit(op=op, text=t, params=params) for t in _as_list(request.inputs)]
     paths = list_paths(request)
@@ -130,7 +130,7 @@ def _similarity(request: _Request, info: ModelInfo, settings: Settings) -> Job:
         truncate=params.truncation,
         direction=None,
         prompt_name=params.prompt_name,
-        default_truncate=settings.truncate,
+        long_inputs=settings.long_inputs,
     )
     texts_ = [request.inputs.source_sentence, *request.inputs.sentences]
     if len(texts_) > settings.max_client_batch_size:

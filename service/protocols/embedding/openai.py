@@ -114,7 +114,7 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         prompt_name=None,
         normalize=True,  # unit length for every model, as OpenAI's are
         dimensions=r.dimensions,
-        default_truncate=s.truncate,
+        long_inputs=s.long_inputs,
     )
     params["count_tokens"] = True
     fmt = r.encoding_format

@@ -101,7 +101,7 @@ def _embed(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) 
         prompt_name=r.prompt_name,
         normalize=r.normalize,
         dimensions=r.dimensions,
-        default_truncate=s.truncate,
+        long_inputs=s.long_inputs,
     )
     fmt = r.encoding_format
     headers = dimension_warning(info, r.dimensions)
@@ -115,7 +115,7 @@ def _embed_sparse(body: bytes, content_type: str | None, info: ModelInfo, s: Set
         truncate=r.truncate,
         direction=_direction(r.truncation_direction),
         prompt_name=r.prompt_name,
-        default_truncate=s.truncate,
+        long_inputs=s.long_inputs,
     )
     params["max_active_dims"] = r.max_active_dims
     return Job(units(Op.SPARSE, r.inputs, params), lambda a: [v.pairs() for v in a])
@@ -128,7 +128,7 @@ def _embed_all(body: bytes, content_type: str | None, info: ModelInfo, s: Settin
         truncate=r.truncate,
         direction=_direction(r.truncation_direction),
         prompt_name=r.prompt_name,
-        default_truncate=s.truncate,
+        long_inputs=s.long_inputs,
     )
     return Job(units(Op.ROWS, r.inputs, params))
 
@@ -147,7 +147,7 @@ def _similarity(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         truncate=p.truncate,
         direction=_direction(p.truncation_direction),
         prompt_name=p.prompt_name,
-        default_truncate=s.truncate,
+        long_inputs=s.long_inputs,
     )
     return Job([Unit(op=Op.EMBED, text=t, params=params) for t in texts], cosine_to_first)
 
