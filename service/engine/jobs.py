@@ -18,6 +18,7 @@ Ops and the answer each unit gets (`service.engine.forward.encoder` /
 | `tokenize` | text | [{id, text, special, start, stop}]: no forward |
 | `decode` | ids | str: no forward |
 | `sparse` | text (or ids) | `pooling.sparse.SparseVector`: a SPLADE model's non-zero weights |
+| `multi_vector` | text | float32 [tokens, D]: a multi-vector model's kept token vectors |
 
 A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens
 its input took (after truncation, prompt and special tokens included), for usage counts; the
@@ -43,6 +44,7 @@ class Op(StrEnum):
     TOKENIZE = "tokenize"
     DECODE = "decode"
     SPARSE = "sparse"
+    MULTI_VECTOR = "multi_vector"
 
 
 #: Ops answered in the inference thread without a forward pass (they never enter a batch).

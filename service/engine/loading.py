@@ -23,7 +23,15 @@ from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
 from service.engine.jobs import Op
-from service.engine.model_files import config_json, is_splade, sentence_config, weights_folder
+from service.engine.model_files import (
+    config_json,
+    is_splade,
+    multi_vector_config,
+    sentence_config,
+    weights_folder,
+)
+from service.engine.multi_vector import config as multi_vector
+from service.engine.multi_vector.load import multi_vector_engine
 from service.engine.pooling import outputs
 from service.engine.types import Engine, ModelInfo, Output
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
@@ -102,7 +110,10 @@ def preflight(settings: Settings) -> None:
         return
     task = infer_task(model_id, settings)
     if task == "feature-extraction" and settings.pooling != "none":
-        st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
+        if multi_vector.is_multi_vector(Path(model_id)):  # UnsupportedModel names the option
+            multi_vector_config(model_id, settings)
+        else:
+            st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
     if task == "zero-shot-classification":
         label2id = config_json(model_id, settings).get("label2id") or {}
         if not any(str(label).lower().startswith("entail") for label in label2id):
@@ -152,7 +163,10 @@ def load_engine(settings: Settings) -> Engine:
         device = "cpu"  # onnxruntime's CPU build
     # float32: the reference every other backend and dtype is made from and checked against
     dtype = torch.float32
-    sentence = sentence_config(model_id, settings) if task == "feature-extraction" else None
+    multi = multi_vector_config(model_id, settings) if task == "feature-extraction" else None
+    sentence = multi.as_sentence() if multi is not None else None
+    if task == "feature-extraction" and multi is None:
+        sentence = sentence_config(model_id, settings)
     weights = model_id
     if sentence is not None and sentence.transformer_path and Path(model_id).is_dir():
         weights = str(Path(model_id) / sentence.transformer_path)  # its Transformer module
@@ -176,6 +190,11 @@ def load_engine(settings: Settings) -> Engine:
         positions = getattr(pipe.model.config, "max_position_embeddings", None)
         limit = min(limit, st_config.configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit  # truncation then cuts at the real limit
+    if multi is not None:
+        served = served_name(settings, model_id)
+        return multi_vector_engine(
+            pipe, settings, model_id=model_id, served_name=served, config=multi, limit=limit
+        )
     info = _model_info(settings, model_id, task, pipe, limit, sentence)
     if info.output is Output.PIPELINE:
         choice = pipeline_choice(settings, pipe)

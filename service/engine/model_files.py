@@ -13,6 +13,11 @@ from typing import Any
 import structlog
 
 from service.engine import st_config
+from service.engine.multi_vector.config import (
+    MultiVectorConfig,
+    is_multi_vector,
+    read_multi_vector_config,
+)
 from service.settings import Settings
 
 log = structlog.get_logger("service.loading")
@@ -42,6 +47,23 @@ def is_splade(model_id: str, settings: Settings) -> bool:
     except (st_config.UnsupportedModel, ValueError, OSError):
         return False  # refused with its message where the task needs it (preflight)
     return found is not None and found.splade is not None
+
+
+def multi_vector_config(model_id: str, settings: Settings) -> MultiVectorConfig | None:
+    """The folder's MultiVectorEncoder configuration (`service.engine.multi_vector.config`),
+    or None for any other model (and with `POOLING=none`: token rows). Raises
+    `UnsupportedModel` for an option it does not serve, or a POOLING on such a folder."""
+    if settings.pooling == "none":
+        return None
+    folder = local_folder(model_id, settings)
+    if folder is None or not is_multi_vector(folder):
+        return None
+    if settings.pooling is not None:
+        raise st_config.UnsupportedModel(
+            f"POOLING={settings.pooling} does not apply to a multi-vector model (its answers are "
+            "token vectors: /embed_multi); unset POOLING"
+        )
+    return read_multi_vector_config(folder)
 
 
 def sentence_config(model_id: str, settings: Settings) -> st_config.SentenceConfig | None:

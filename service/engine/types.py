@@ -24,13 +24,15 @@ class Output(StrEnum):
     `POOLED`, `SPARSE` and `TOKEN_ROWS` are feature-extraction models served by the encoder
     engine; `CLASSIFIER` a sequence classifier (text-classification, zero-shot, cross-encoder),
     also the encoder engine's; `PIPELINE` fill-mask and token-classification, the pipeline
-    engine's."""
+    engine's; `MULTI_VECTOR` a late-interaction model's token vectors, the multi-vector
+    engine's (`service.engine.multi_vector`)."""
 
     POOLED = "pooled"  # sentence embeddings [D] (pooling, Dense heads); token rows too
     SPARSE = "sparse"  # SPLADE: MLM logits pooled into vocabulary-wide sparse embeddings
     TOKEN_ROWS = "token_rows"  # the last hidden state per token only (no pooling config)
     CLASSIFIER = "classifier"  # logits [labels] per text or pair
     PIPELINE = "pipeline"  # the transformers pipeline's own answers
+    MULTI_VECTOR = "multi_vector"  # token vectors [tokens, D] per text (ColBERT-style)
 
     @property
     def op(self) -> Op:
@@ -44,6 +46,7 @@ _MAIN_OP = {
     Output.TOKEN_ROWS: Op.ROWS,
     Output.CLASSIFIER: Op.LOGITS,
     Output.PIPELINE: Op.PIPELINE,
+    Output.MULTI_VECTOR: Op.MULTI_VECTOR,
 }
 
 
@@ -83,6 +86,8 @@ class ModelInfo:
     # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
     backend: str = "torch"
     backend_summary: Mapping[str, Any] = field(default_factory=dict)
+    # A multi-vector model: its token vectors' width, scoring (maxsim, meanmaxsim), lengths.
+    multi_vector: Mapping[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -104,6 +109,7 @@ class ModelInfo:
             "prompts": sorted(self.prompts) or None,
             "default_prompt_name": self.default_prompt_name,
             "sparse": self.output is Output.SPARSE,
+            "multi_vector": dict(self.multi_vector) if self.multi_vector else None,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
             "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},

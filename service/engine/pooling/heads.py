@@ -44,9 +44,10 @@ class DenseSpec:
     use_residual: bool = False
 
 
-def read_dense(folder: Path, path: str) -> DenseSpec:
+def read_dense(folder: Path, path: str, level: str = "sentence_embedding") -> DenseSpec:
     """The Dense module in `folder / path`; raises `UnsupportedHead` for a config it cannot
-    apply: missing widths, another input than the pooled embedding, an activation outside
+    apply: missing widths, another input than `level` (the pooled embedding; a multi-vector
+    model's: `token_embeddings`, also where the config names none), an activation outside
     torch."""
     config_file = folder / path / "config.json"
     if not config_file.is_file():
@@ -54,8 +55,8 @@ def read_dense(folder: Path, path: str) -> DenseSpec:
     config = json.loads(config_file.read_text(encoding="utf-8"))
     where = f"Dense module ({path})"
     for key in ("module_input_name", "module_output_name"):
-        if config.get(key, "sentence_embedding") not in ("sentence_embedding", None):
-            raise UnsupportedHead(f"{where} reads or writes {config[key]!r}: only pooled input")
+        if config.get(key, level) not in (level, None):
+            raise UnsupportedHead(f"{where} reads or writes {config[key]!r}: only {level}")
     widths = config.get("in_features"), config.get("out_features")
     if not all(isinstance(w, int) and w > 0 for w in widths):
         raise UnsupportedHead(f"{where} has no in_features/out_features")
