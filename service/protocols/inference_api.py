@@ -46,6 +46,7 @@ from service.protocols.schemas import (
     invalid,
     validate,
 )
+from service.protocols.serving import require
 from service.protocols.tokens.hf import (
     FillMaskAnswer,
     FillMaskRequest,
@@ -68,6 +69,8 @@ REQUESTS: dict[str, type[_Request]] = {
 
 def parse(body: bytes, content_type: str | None, info: ModelInfo, settings: Settings) -> Job:
     """`POST /`: raw text or the task's JSON request -> the job (see the module docstring)."""
+    if info.output is Output.MULTI_VECTOR:  # token vectors have no Inference API task
+        require(info, Op.EMBED, "POST /")
     doc = decode(body, content_type, raw_text=True)
     task = info.task
     if isinstance(doc, RawText):

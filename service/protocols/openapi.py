@@ -96,8 +96,9 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
     components = _specialize(defs.get("$defs", {}), info, settings)
     secured = settings.api_key is not None
     root_errors = (*_MODEL_ERRORS, 424) if info.task == "feature-extraction" else _MODEL_ERRORS
-    paths: dict[str, Any] = {
-        "/": {
+    paths: dict[str, Any] = {}
+    if info.output is not Output.MULTI_VECTOR:  # token vectors: POST / answers 424 there
+        paths["/"] = {
             "post": _operation(
                 "infer",
                 f"Inference ({info.task}), the Hugging Face Inference API",
@@ -108,7 +109,6 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
                 raw_text=_raw_text(info),
             )
         }
-    }
     for e in served:
         paths[e.path] = {
             "post": _operation(

@@ -15,6 +15,7 @@ from service.protocols import inference_api, openapi
 from service.protocols.classification import tei as classification_tei
 from service.protocols.embedding import openai
 from service.protocols.embedding import tei as embedding_tei
+from service.protocols.multi_vector import tei as multi_vector_tei
 from service.protocols.rerank import tei as rerank_tei
 from service.protocols.serving import Endpoint, json_response, require_api_key, runtime_of, serve
 from service.protocols.tokens import tei as tokens_tei
@@ -22,6 +23,7 @@ from service.protocols.tokens import tei as tokens_tei
 #: The TEI and OpenAI routes that submit model work (POST), in the document's order.
 ENDPOINTS: tuple[Endpoint, ...] = (
     *embedding_tei.ENDPOINTS,
+    *multi_vector_tei.ENDPOINTS,
     *classification_tei.ENDPOINTS,
     *rerank_tei.ENDPOINTS,
     *tokens_tei.ENDPOINTS,

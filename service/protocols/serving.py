@@ -117,6 +117,11 @@ def _serves(info: ModelInfo) -> str:
 def _embedding_kind(info: ModelInfo) -> str:
     if info.output is Output.SPARSE:
         return "a sparse (SPLADE) embedding model: use /embed_sparse or POST /"
+    if info.output is Output.MULTI_VECTOR:
+        return (
+            "a multi-vector (ColBERT-style) model, whose answers are token vectors: use "
+            "/embed_multi, or /rerank for its MaxSim scores"
+        )
     return "an embedding model" if info.output is Output.POOLED else "token rows"
 
 

@@ -1,5 +1,7 @@
 """text-embeddings-inference's `/rerank`: a cross-encoder's score of each (query, text) pair,
-highest first."""
+highest first; on a multi-vector model, each text's late-interaction score against the query
+(MaxSim or MeanMaxSim, the model's own similarity: no activation, `raw_scores` changes
+nothing), highest first, as `MultiVectorEncoder.similarity` orders them."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field, RootModel
 
 from service.engine.jobs import Job, Op, Unit
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.errors import WrongTask
+from service.protocols.multi_vector import common as multi_vector
 from service.protocols.schemas import (
     NonBlank,
     inputs_list,
@@ -47,7 +50,10 @@ class RerankResponse(RootModel[list[Rank]]):
 
 
 def reranker(info: ModelInfo) -> None:
-    """`/rerank` needs a cross-encoder: a sequence classifier with one label (TEI's reranker)."""
+    """`/rerank` needs a cross-encoder: a sequence classifier with one label (TEI's reranker),
+    or a multi-vector model."""
+    if info.output is Output.MULTI_VECTOR:
+        return
     require(info, Op.LOGITS, "/rerank")
     if len(info.labels) != 1:
         raise WrongTask(
@@ -59,28 +65,37 @@ def reranker(info: ModelInfo) -> None:
 
 def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     r: RerankRequest = _parsed(RerankRequest, body, content_type, "/rerank", s)
+    raw, with_text = bool(r.raw_scores), bool(r.return_text)
+    if info.output is Output.MULTI_VECTOR:
+        units = multi_vector.query_and_documents(r.query, r.texts, r.truncate, s)
+        paths = ["query", *(f"texts[{i}]" for i in range(len(r.texts)))]
+        return Job(units, lambda a: _ranks(multi_vector.scores(a, info), r.texts, with_text), paths)
     params = _pair_params(r.truncate, r.truncation_direction, s)
     jobs = [Unit(op=Op.LOGITS, text=r.query, pair=t, params=params) for t in r.texts]
-    raw, with_text = bool(r.raw_scores), bool(r.return_text)
 
     def finish(logits: list[Any]) -> Any:
-        values = [scores(x, raw)[0] for x in logits]
-        order = sorted(range(len(values)), key=lambda i: (-values[i], i))
-        ranks = []
-        for i in order:
-            rank: dict[str, Any] = {"index": i, "score": values[i]}
-            if with_text:
-                rank["text"] = r.texts[i]
-            ranks.append(rank)
-        return ranks
+        return _ranks([scores(x, raw)[0] for x in logits], r.texts, with_text)
 
     return Job(jobs, finish)
+
+
+def _ranks(values: list[Any], texts: list[str], with_text: bool) -> list[dict[str, Any]]:
+    """Every text, highest score first (ties in text order)."""
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    ranks = []
+    for i in order:
+        rank: dict[str, Any] = {"index": i, "score": values[i]}
+        if with_text:
+            rank["text"] = texts[i]
+        ranks.append(rank)
+    return ranks
 
 
 ENDPOINTS = (
     Endpoint(
         path="/rerank",
-        summary="Rerank texts against a query with a cross-encoder (TEI)",
+        summary="Rerank texts against a query: a cross-encoder, or a multi-vector model's "
+        "MaxSim (TEI)",
         parse=_rerank,
         check=reranker,
         request=RerankRequest,

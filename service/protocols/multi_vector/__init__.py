@@ -1,0 +1,1 @@
+"""Multi-vector (late-interaction) embeddings: `/embed_multi`."""
