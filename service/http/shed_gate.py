@@ -28,13 +28,13 @@ takes the ASGI path here.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import metrics
+from service.admission.api_key import authorized
 from service.admission.budget import CPU_AT, ShedBudget
 from service.errors import Overloaded, Unavailable, error_content
 from service.http import context
@@ -150,7 +150,7 @@ class ShedGate:
         if scope["method"] != "POST" or scope["path"] not in self.paths:
             return None
         headers = dict(scope["headers"])
-        if self._key is not None and not self._authorized(headers):
+        if not authorized(scope["headers"], self._key):
             return None
         return headers
 
@@ -188,13 +188,6 @@ class ShedGate:
             self._retry_at = {c: t for c, t in self._retry_at.items() if t > now}
             self._purge_at = now + _PURGE_EVERY_S
         self._retry_at[key] = now + retry_after_s
-
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        assert self._key is not None
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(
-            token.strip(), self._key.encode()
-        )
 
 
 def _request_key(scope: Scope, headers: dict[bytes, bytes]) -> Key:
