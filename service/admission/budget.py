@@ -1,9 +1,9 @@
 """A budget for sheds: the share of the event loop's CPU that answering 503s may take (issue 24).
 
 Each shed is cheap, but thousands a second still take the loop's core, and on a small machine
-that comes out of the model: goodput falls whatever the tarpit (`service.http.shed_gate`)
-recognises as a
-retry. The budget bounds what shedding may cost rather than guessing which requests are retries.
+that comes out of the model: goodput falls whatever the tarpit (`service.admission.tarpit`)
+recognises as a retry. The budget bounds what shedding may cost rather than guessing which
+requests are retries.
 
 The rule
 - A token bucket of loop CPU seconds, refilled at `SHED_BUDGET_SHARE` seconds per second
@@ -80,8 +80,6 @@ _MIN_CHARGE_S = 0.00025
 # The most one is charged: on the app's path the loop runs other requests' work between the
 # measure's two ends (each await), which is not this shed's.
 _MAX_CHARGE_S = 0.002
-# a request's state: the loop's CPU clock as the app began
-CPU_AT = "service.admission.budget.cpu_at"
 
 
 def longest_hold(shed_after_holds: int) -> float:

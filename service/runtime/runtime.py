@@ -35,7 +35,6 @@ from service.errors import (
     Draining,
     NotReady,
     ServiceError,
-    Unavailable,
 )
 from service.runtime.body import read_body
 from service.settings import Settings
@@ -148,7 +147,7 @@ class Runtime:
 
     def deadline(self, request: Request) -> float:
         """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it,
-        from the request's arrival (a held retry counts its hold, `service.http.shed_gate`)."""
+        from the request's arrival (a held request counts its hold: `service.admission.policy`)."""
         timeout = self.timeout(request.headers.get("x-request-timeout"))
         if timeout is None:
             raise BadRequest("X-Request-Timeout must be a positive number of seconds")
@@ -164,20 +163,6 @@ class Runtime:
         if not _SECONDS.fullmatch(text.strip()) or not float(text) > 0:
             return None
         return min(self.settings.request_timeout_s, float(text))
-
-    def refusal(self, scope: Scope, asked_timeout: bytes | None) -> Unavailable | None:
-        """Why a request for model work must be answered 503 from its head alone, or None:
-        draining, not ready, or admission would refuse one input (`WorkQueue.refusal`); None
-        also for a bad timeout (its route answers 400)."""
-        try:
-            self.model_info()
-        except Unavailable as exc:
-            return exc
-        timeout = self.timeout(asked_timeout)
-        if timeout is None:
-            return None
-        batcher = self.batcher
-        return batcher.queue.refusal(1, arrival(scope) + timeout, batcher.estimate)
 
     async def receive(self, request: Request, deadline: float) -> bytes:
         """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's

@@ -391,8 +391,8 @@ def test_refusals_are_logged_at_most_once_a_second_per_reason(server: ServerProc
 
 # -- bodies over MAX_BODY_BYTES (1 MiB here): the 413 reaches a client still sending -------------
 BODY_LIMIT = 1024 * 1024
-LINGER_S = 2.0  # service.http.edge._LINGER_S
-LINGER_BYTES = 4 * BODY_LIMIT  # service.http.edge._LINGER_BODIES bodies
+LINGER_S = 2.0  # service.http.bounded._LINGER_S
+LINGER_BYTES = 4 * BODY_LIMIT  # service.http.bounded._LINGER_BODIES bodies
 
 
 def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(

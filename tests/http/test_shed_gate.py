@@ -1,4 +1,4 @@
-"""Shedding from the request head (issues 13, 14): a shed is decided before the body is read,
+"""Shedding from the request head: a shed is decided before the body is read,
 a connection that retries before its Retry-After is held until then, and a first shed or a
 polite retry is answered at once.
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
-from service.http.shed_gate import ShedGate
+from service.admission.policy import AdmissionPolicy
 from service.settings import Settings
 
 QUEUE = 4
@@ -188,16 +188,17 @@ def test_another_request_on_the_same_connection_is_not_held(full: Full) -> None:
 
 @pytest.fixture
 def through_app(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The request ids of the sheds answered by the app's path (`ShedGate._answer`), in order;
-    a shed the edge writes itself never gets there."""
+    """The request ids of the sheds answered by the app's gate (`AdmissionPolicy.shed` with
+    `in_app`), in order; a shed the edge writes itself never gets there."""
     ids: list[str] = []
-    app_answer = ShedGate._answer
+    shed = AdmissionPolicy.shed
 
-    async def answer(self: ShedGate, scope: Any, *args: Any) -> None:
-        ids.append(scope["state"]["request_id"])
-        await app_answer(self, scope, *args)
+    def recording(self: AdmissionPolicy, scope: Any, *args: Any, in_app: bool) -> Any:
+        if in_app:
+            ids.append(scope["state"]["request_id"])
+        return shed(self, scope, *args, in_app=in_app)
 
-    monkeypatch.setattr(ShedGate, "_answer", answer)
+    monkeypatch.setattr(AdmissionPolicy, "shed", recording)
     return ids
 
 
