@@ -245,29 +245,30 @@ class Runtime:
             drain_over.remove_done_callback(on_drain)
         failed = _first_failure(items)
         if failed is not None:  # one input failed: the request is over,
-            self._abandon(items, "request_failed")  # so its other inputs cost nothing
+            _abandon(items, "request_failed")  # so its other inputs cost nothing
             _name_the_input(items, failed, paths)
             raise failed
         if why != "gone" and all(i.future.done() for i in items):
             return [i.future.result() for i in items]  # answered, even if at the last moment
-        reason, error = self._why_stopped(why == "gone", why == "drain")
-        self._abandon(items, reason)
+        reason, error = _why_stopped(why == "gone", why == "drain")
+        _abandon(items, reason)
         raise error
 
-    @staticmethod
-    def _abandon(items: list[Item], reason: str) -> None:
-        """Cancel the inputs now (synchronously, so the thread skips any still queued)."""
-        for item in items:
-            item.cancel_reason = reason
-            if not item.future.cancel() and not item.future.done() and reason == "deadline":
-                metrics.EXPIRED.labels("running").inc()  # too late to skip: its batch runs
 
-    def _why_stopped(self, client_gone: bool, drain_over: bool) -> tuple[str, Exception]:
-        if client_gone:
-            return "client_disconnect", ClientGone()
-        if drain_over:
-            return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
-        return "deadline", DeadlineExceeded("the request deadline passed before its answer")
+def _abandon(items: list[Item], reason: str) -> None:
+    """Cancel the inputs now (synchronously, so the thread skips any still queued)."""
+    for item in items:
+        item.cancel_reason = reason
+        if not item.future.cancel() and not item.future.done() and reason == "deadline":
+            metrics.EXPIRED.labels("running").inc()  # too late to skip: its batch runs
+
+
+def _why_stopped(client_gone: bool, drain_over: bool) -> tuple[str, Exception]:
+    if client_gone:
+        return "client_disconnect", ClientGone()
+    if drain_over:
+        return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+    return "deadline", DeadlineExceeded("the request deadline passed before its answer")
 
 
 class _Waiter:
@@ -326,4 +327,4 @@ async def _watch_disconnect(request: Request, waiter: _Waiter) -> None:
             return
 
 
-__all__ = ["ClientGone", "Runtime", "ServiceError"]
+__all__ = ["ClientGone", "Runtime", "arrival"]
