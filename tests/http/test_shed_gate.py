@@ -259,3 +259,32 @@ def test_requests_in_one_write_are_answered_in_order(full: Full, through_app: li
         assert edge == [(503, "e-1"), (503, "ee-2"), (503, "eee-3")]
         assert pipelined == [(200, "probe"), (503, "q-1"), (503, "qq-2")]
         assert through_app == ["q-1", "qq-2"]
+
+
+def test_only_a_request_with_the_api_key_is_shed_from_its_head(
+    full: Full, through_app: list[str]
+) -> None:
+    """With API_KEY set, the head sheds only the requests that carry it, by the routes' own
+    check (`service.admission.api_key`): at a full queue a request with the key gets its 503
+    from the edge; one without it, or with a wrong one, gets the route's 401; none is queued."""
+    key = {"Authorization": "Bearer s3cret"}
+    asks = [key, {}, {"Authorization": "Bearer wrong"}, {"Authorization": "bearer s3cret"}]
+
+    async def scenario(url: str) -> list[tuple[int, dict[str, str], bytes]]:
+        held = asyncio.create_task(_exchange(url, http_post("held", **key)))
+        await asyncio.sleep(0.3)
+        body = json.dumps({"inputs": [f"queued {i}" for i in range(QUEUE)]})
+        queued = asyncio.create_task(_exchange(url, http_post(body, "application/json", **key)))
+        await asyncio.sleep(0.3)
+        answers = [await _exchange(url, http_post("ask", **headers)) for headers in asks]
+        for task in (held, queued):
+            task.cancel()
+        return answers
+
+    with full(api_key="s3cret") as (served, recorder):
+        answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        assert [status for status, _, _ in answers] == [503, 401, 401, 503]
+        assert answers[1][1]["www-authenticate"] == "Bearer"
+        assert json.loads(answers[2][2])["error_type"] == "unauthorized"
+        assert through_app == []  # both 503s were written by the edge
+        assert "ask" not in recorder.ran
