@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)
     api_key: str | None = None
-    # Hold a connection that retries before its Retry-After until then (service.http.shed_gate).
+    # Hold a connection that retries before its Retry-After until then (service.admission.tarpit).
     shed_tarpit: bool = True
     # Nice value of the inference thread and torch's threads (0-19): the model yields the CPU
     # to the event loop whenever the loop has work (answers, probes, sheds; README, Overload).
