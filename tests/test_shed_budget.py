@@ -1,4 +1,4 @@
-"""The shed budget (issue 24): sheds may take a bounded share of the loop's CPU; past it, a
+"""The shed budget: sheds may take a bounded share of the loop's CPU; past it, a
 connection that resends without waiting is not read until the budget allows, then its request
 is decided again. A first request, a polite one, a pooled connection at moderate overload and
 the probes are answered at once.

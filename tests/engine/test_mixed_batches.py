@@ -1,5 +1,5 @@
 """32 concurrent requests with different settings share batches; each gets its own answer,
-equal to the same request sent alone (issue 11).
+equal to the same request sent alone.
 
 Different normalize, dimensions, truncation and prompts (and similarity requests) on the
 embedded model; different label sets, templates and multi_label on a zero-shot model. The

@@ -1,4 +1,4 @@
-"""The HTTP edge (issue 14) on the real server, with raw sockets: exact head bound, head
+"""The HTTP edge on the real server, with raw sockets: exact head bound, head
 deadline, connection bound, RFC 9112 refusals, the refusal metric, one worker throughout.
 
 One server for the module (REQUEST_HEAD_TIMEOUT_S=1, MAX_CONNECTIONS=20, the default 64 KiB

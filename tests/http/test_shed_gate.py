@@ -1,4 +1,4 @@
-"""Shedding from the request head (issues 13, 14): a shed is decided before the body is read,
+"""Shedding from the request head: a shed is decided before the body is read,
 a connection that retries before its Retry-After is held until then, and a first shed or a
 polite retry is answered at once.
 
