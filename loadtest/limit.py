@@ -117,7 +117,7 @@ class Limit:
         self.by_length = [text for _, text in sorted(zip(self.lengths, inputs, strict=True))]
 
         self._engine: Any = None  # the server's path, for `replay` (loaded when first asked)
-        self._longest: Any = None
+        self._sized: dict[int, Any] = {}
         # (b)'s forward is the server's backend (BACKEND/DTYPE from this process's environment,
         # the server's own: `auto` measures and checks the candidates as the server does), so
         # the limit is the fastest quality-keeping backend's, not torch float32's (issue 20).
@@ -155,23 +155,31 @@ class Limit:
         return out
 
     def replay(self, shapes: Sequence[Sequence[int]]) -> float:
-        """Seconds the server's own path (its engine's ``run``) takes on batches of these
-        shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
-        input ``tokens`` long. A padded batch costs its shape whatever its real tokens, so this
-        is what a server point's batches cost alone; the server's log gives their shapes."""
-        from service.engine.warmup import sample_unit
-
+        """Seconds the server's own path (its engine's ``prepare`` and ``run``) takes on batches
+        of these shapes, back to back with nothing else running: ``(inputs, tokens)`` each. A
+        padded batch costs its shape whatever its tokens say, so each batch is ``inputs`` copies
+        of one input ``tokens`` long (:meth:`sized`); the server's log gives the shapes."""
         engine = self.engine()
-        if self._longest is None:
-            longest = max(zip(self.lengths, self.inputs, strict=True))[1]
-            self._longest = engine.prepare(sample_unit(engine.info, longest))
         seconds = 0.0
         for n, length in shapes:
-            one = _cut(self._longest, length)
+            one = self.sized(length)
             start = time.perf_counter()
             engine.run([one] * n)
             seconds += time.perf_counter() - start
         return seconds
+
+    def sized(self, tokens: int) -> Any:
+        """An input of the engine, prepared, as near ``tokens`` long as the tokenizer allows:
+        a word repeated (the mask token for fill-mask, as the engine's calibration does)."""
+        if tokens not in self._sized:
+            from service.engine.warmup import sample_unit
+
+            engine = self.engine()
+            word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
+            special = engine.prepare(sample_unit(engine.info, word)).n_tokens - 1
+            text = word * max(1, tokens - special)
+            self._sized[tokens] = engine.prepare(sample_unit(engine.info, text))
+        return self._sized[tokens]
 
     def pooling_cost(self, batch_size: int) -> dict[str, float]:
         """What mean pooling adds to (b), timed apart: one pass over the length-sorted batches,
@@ -381,31 +389,6 @@ class LimitWorker:
         except Exception:
             self.proc.kill()
             raise
-
-
-def _cut(prepared: Any, length: int) -> Any:
-    """A copy of a prepared input keeping its first ``length - 1`` tokens and the closing one."""
-    import dataclasses
-
-    from service.engine.forward.encoder import Encoded
-
-    if length >= prepared.n_tokens:
-        return prepared
-    keep = [*range(length - 1), -1]
-    payload = prepared.payload
-    if isinstance(payload, Encoded):
-        types = payload.type_ids
-        cut: Any = Encoded(
-            ids=[payload.ids[i] for i in keep],
-            type_ids=None if types is None else [types[i] for i in keep],
-            prompt_tokens=0,
-        )
-    else:  # the pipeline engine's chunks: tensors of [1, tokens, ...]
-        chunk = {
-            k: v[:, keep] if getattr(v, "ndim", 0) >= 2 else v for k, v in payload.chunks[0].items()
-        }
-        cut = dataclasses.replace(payload, chunks=[chunk])
-    return dataclasses.replace(prepared, n_tokens=length, payload=cut)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from loadtest import cpu, proc, pyspy, servers, wrk
+from loadtest import cpu, proc, servers, wrk
 from loadtest import limit as limit_mod
 
 JSON = "application/json"
@@ -50,7 +50,7 @@ def thread_names(served: servers.Served) -> dict[int, str]:
     """The worker's Python thread names by thread id (py-spy dump); {} without py-spy, so
     the inference thread then counts among ``other`` (say so once)."""
     try:
-        return proc.python_threads(served.worker_pid, pyspy.executable())
+        return proc.python_threads(served.worker_pid, servers.console_script("py-spy"))
     except (FileNotFoundError, OSError, RuntimeError) as exc:
         print(f"  (no thread names: {exc}; the inference thread counts as 'other')", flush=True)
         return {}
@@ -122,13 +122,11 @@ def ms(value: Any) -> str:
 
 def cpu_cells(point: dict[str, Any]) -> str:
     """The CPU columns of a point: loop ms per request, inference and torch-pool ms per input,
-    the loop's share of samples blocked on a futex (the GIL, mostly), other processes' CPU."""
-    futex = point.get("loop_futex_share")
+    other processes' CPU."""
     return (
         f"{point['loop_ms_per_request']:.2f} | {point['inference_ms_per_input']:.2f} | "
-        f"{point['other_ms_per_input']:.2f} | "
-        f"{'-' if futex is None else f'{futex:.0%}'} | {point['other_cpu']:.0%}"
+        f"{point['other_ms_per_input']:.2f} | {point['other_cpu']:.0%}"
     )
 
 
-CPU_HEAD = "loop ms/req | inference ms/input | torch pool ms/input | loop on futex | other CPU"
+CPU_HEAD = "loop ms/req | inference ms/input | torch pool ms/input | other CPU"

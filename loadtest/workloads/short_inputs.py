@@ -311,7 +311,7 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
         ]
     lines += [
         f"| clients | inputs/s | p50 ms | p95 ms | p99 ms | non-200 | {common.CPU_HEAD} |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "|" + " --- |" * 10,
     ]
     for n, p in res["closed"].items():
         lines.append(

@@ -1,5 +1,5 @@
-"""Bounded runs of the new workloads against the real server (each under about 30 s): they
-start, measure, and return the figures their tables print. Not a measurement."""
+"""Bounded runs of the workloads and studies against the real server (each under about 30 s):
+they start, measure, and return the figures their tables print. Not a measurement."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from loadtest.bench import parse_args
-from loadtest.workloads import burst, memory, storm, zero_shot
+from loadtest.experiments import burst, memory, zero_shot
+from loadtest.experiments.bench import WORKLOADS as STUDIES
+from loadtest.workloads import storm
 
 pytestmark = [
     pytest.mark.loadtest,
@@ -19,7 +21,9 @@ pytestmark = [
 
 
 def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
-    return parse_args(["--quick", "--retries", "0", "--results", str(tmp_path), *extra])
+    study = extra[extra.index("--only") + 1] in STUDIES
+    argv = ["--quick", "--retries", "0", "--results", str(tmp_path), *extra]
+    return parse_args(argv, STUDIES) if study else parse_args(argv)
 
 
 def test_burst_sheds_and_probes(tmp_path: Path) -> None:

@@ -1,10 +1,10 @@
 """Zero-shot classification: what each candidate label costs.
 
-``python -m loadtest.bench --only zero_shot`` (about 3 minutes; ``--quick`` about 1). The
-model is the real MiniLM encoder with a seeded NLI head (``loadtest.models.minilm_nli``: real
-compute, untrained head); the server infers ``zero-shot-classification`` from its labels.
-Each request is one short input (8-100 tokens) with k candidate labels; every label is one
-premise/hypothesis pair, one input of the batch.
+``python -m loadtest.experiments.bench --only zero_shot`` (about 3 minutes; ``--quick`` about
+1). The model is the real MiniLM encoder with a seeded NLI head
+(``loadtest.models.minilm_nli``: real compute, untrained head); the server infers
+``zero-shot-classification`` from its labels. Each request is one short input (8-100 tokens)
+with k candidate labels; every label is one premise/hypothesis pair, one input of the batch.
 
 For each k in ``--zero-shot-labels``:
 
