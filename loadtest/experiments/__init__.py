@@ -10,6 +10,7 @@ options and runner (``python -m loadtest.experiments.bench --only NAME``):
 | ``burst`` | ``burst`` | 160 requests at once on a busy server: shed and /livez latency |
 | ``memory`` | ``memory`` | the worker's RSS through a long storm and a long open-loop overload |
 | ``zero_shot`` | ``zero_shot`` | zero-shot classification: latency and throughput per label |
+| ``pooled`` | ``pooled`` | pooled embeddings (the default) beside token rows on mixed inputs |
 
 The others are scripts of their own (``python -m loadtest.experiments.<module> --help``):
 ``backends`` (each backend's speed and quality in process), ``soak`` (each backend's RSS over

@@ -8,10 +8,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from loadtest import bench
-from loadtest.experiments import burst, cpu_split, memory, profile, zero_shot
+from loadtest.experiments import burst, cpu_split, memory, pooled, profile, zero_shot
 
 WORKLOADS: dict[str, ModuleType] = {
-    m.NAME: m for m in (cpu_split, profile, burst, memory, zero_shot)
+    m.NAME: m for m in (cpu_split, profile, burst, memory, zero_shot, pooled)
 }
 
 if __name__ == "__main__":

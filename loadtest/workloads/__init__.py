@@ -8,7 +8,8 @@
 
 Each module has ``add_arguments(parser)``, ``finish_arguments(args, results)``, ``run(args)``
 (returns a JSON-friendly dict) and ``table(result)`` (Markdown). Studies built the same way
-(CPU per request, profile, burst, memory, zero-shot) are in ``loadtest.experiments``.
+(CPU per request, profile, burst, memory, zero-shot, pooled answers) are in
+``loadtest.experiments``.
 """
 
 from __future__ import annotations

@@ -35,13 +35,18 @@ def server_env(args: argparse.Namespace, **fixed: str) -> dict[str, str]:
     return {**fixed, **servers.parse_env(args.env)}
 
 
+def get_json(url: str) -> Any:
+    """GET ``url`` and decode its JSON body (None when it fails: e.g. no /info)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
 def model_info(served: servers.Served) -> dict[str, Any]:
     """The ``model`` part of the server's /info ({} when it cannot be read)."""
-    try:
-        with urllib.request.urlopen(served.base + "/info", timeout=10) as resp:
-            info = json.loads(resp.read())
-    except (OSError, ValueError):
-        return {}
+    info = get_json(served.base + "/info")
     model = info.get("model") if isinstance(info, dict) else None
     return model if isinstance(model, dict) else {}
 
@@ -61,31 +66,21 @@ def thread_names(served: servers.Served) -> dict[int, str]:
 
 def wrk_point(
     served: servers.Served,
-    bodies: Sequence[bytes] | None,
+    bodies: Sequence[bytes],
     connections: int,
     seconds: float,
     names: dict[int, str],
     args: argparse.Namespace,
-    *,
-    path: str = "/",
-    count_statuses: bool = False,
-    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One closed-loop wrk point with the worker's per-thread CPU over it (``loadtest.proc``);
-    re-measured when other processes took the CPU (``quiet``). One input per request."""
+    """One closed-loop wrk point on ``POST /`` with the worker's per-thread CPU over it
+    (``loadtest.proc``); measured again when other processes took the CPU (``quiet``). One
+    input per request."""
 
     def measure() -> dict[str, Any]:
         window = proc.CpuWindow(served.worker_pid, names)
         window.start()
         try:
-            res = wrk.run(
-                served.base + path,
-                bodies,
-                connections,
-                seconds,
-                count_statuses=count_statuses,
-                headers=headers,
-            )
+            res = wrk.run(served.base + "/", bodies, connections, seconds)
         finally:
             split = window.stop()
         return {**res.summary(), **split.summary(res.requests, res.ok)}
