@@ -36,9 +36,7 @@ def parse_args(
     ``args.workloads`` is the table the names of ``--only`` are looked up in."""
     order = list(workloads)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--only", help=f"workloads to run, comma-separated (default all: {','.join(order)})"
-    )
+    p.add_argument("--only", help=f"workloads to run (default all: {','.join(order)})")
     p.add_argument("--quick", action="store_true", help="fewer inputs, levels and seconds")
     p.add_argument(
         "--env",
@@ -53,9 +51,7 @@ def parse_args(
         default=cpu.Quiet().max_other_cpu,
         help="re-measure a point when other processes took more of the CPU (0-1)",
     )
-    p.add_argument(
-        "--retries", type=int, default=cpu.Quiet().retries, help="re-measurements per point"
-    )
+    p.add_argument("--retries", type=int, default=cpu.Quiet().retries, help="per point")
     p.add_argument(
         "--wait-quiet",
         type=float,

@@ -194,17 +194,3 @@ async def arrivals(
         task.add_done_callback(tasks.discard)
     await asyncio.gather(*tasks)
     return result
-
-
-async def probe(
-    base: str, stop: asyncio.Event, interval_s: float = 0.05, max_probes: int = 10_000
-) -> list[float]:
-    """GET /livez every ``interval_s`` on its own connection until ``stop``; latencies (s)."""
-    latencies: list[float] = []
-    async with session(1) as http:
-        while not stop.is_set() and len(latencies) < max_probes:
-            sent = time.perf_counter()
-            if await send(http, base, LIVEZ) == 200:
-                latencies.append(time.perf_counter() - sent)
-            await asyncio.sleep(interval_s)
-    return latencies

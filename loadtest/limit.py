@@ -361,9 +361,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--retries", type=int, default=cpu.Quiet().retries)
     parser.add_argument("--out", type=Path, help="write JSON here instead of stdout")
-    parser.add_argument(
-        "--serve", action="store_true", help="answer JSON-line requests on stdin (LimitWorker)"
-    )
+    parser.add_argument("--serve", action="store_true", help="answer requests on stdin (serve)")
     args = parser.parse_args(argv)
     model_id = args.model or default_model()
     task, texts = task_of(model_id), input_set(args.input_set, args.inputs)

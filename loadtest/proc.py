@@ -1,16 +1,10 @@
 """The server's worker process seen from ``/proc``: its threads' CPU by role.
 
-gunicorn's master is the process the benchmark starts; the uvicorn worker (one) is its child.
-Its threads, by role:
-
-- ``loop``: the worker's main thread (thread id = process id), the asyncio event loop;
-- ``inference``: the thread the batcher names so (found by py-spy's ``dump``, which reads the
-  Python thread names; Python 3.11 does not give them to the OS);
-- ``other``: every other thread: torch's OpenMP pool (the inference thread is its first
-  member; the pool adds ``threads - 1``) and a few idle native threads.
-
-CPU comes from ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds on CPU, and nanoseconds
-runnable but waiting for a core), exact where ``stat``'s ticks are 10 ms.
+The worker (gunicorn's one child) has threads in three roles: ``loop``, its main thread (the
+event loop); ``inference``, the thread the batcher names so (py-spy's ``dump`` reads Python's
+thread names, which the OS does not see); ``other``, torch's OpenMP pool and idle native
+threads. CPU comes from ``/proc/<pid>/task/<tid>/schedstat``: nanoseconds on a CPU, and
+nanoseconds runnable but waiting for one.
 """
 
 from __future__ import annotations

@@ -50,14 +50,9 @@ def _is_free(port: int) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, for a server started next to bind.
-
-    Never one this process handed out before, and drawn from below the kernel's ephemeral
-    range: a port from bind(0) is released before the server binds it, and in those seconds
-    any socket's bind(0) or connect() may take it (or the next bind(0) may return it again),
-    so the server fails to bind (gunicorn exits 1 after five retries). Falls back to bind(0)
-    where nothing below the range is free.
-    """
+    """A TCP port on 127.0.0.1 that is free now, for a server started next to bind: never one
+    handed out before, and from below the kernel's ephemeral range, which any socket's bind(0)
+    or connect() may take meanwhile. Falls back to bind(0) where nothing below is free."""
     low, _ = _ephemeral_range()
     if low - _LOWEST > 1000:
         for _ in range(100):

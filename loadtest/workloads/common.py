@@ -102,6 +102,11 @@ def limit_b(
     return rate, other
 
 
+def ints(text: str) -> list[int]:
+    """A comma list of integers (``--levels 1,8,32``)."""
+    return [int(x) for x in text.split(",")]
+
+
 def median(values: Iterable[float]) -> float:
     """The median, NaN when there is nothing."""
     got = list(values)

@@ -5,9 +5,8 @@ and on the same mixed-length inputs (``loadtest.corpus``) it measures:
 
 1. the limit, in a subprocess before any server starts (``loadtest.limit``);
 2. the real server: the client floor (/livez at the same concurrency), closed-loop clients at
-   each level, the paired rounds (:func:`paired`), /livez probes on the idle and on the
-   saturated server, then open-loop overload at multiples of the measured capacity with a
-   deadline (goodput, shed rate and latency, p99 of accepted requests);
+   each level, the paired rounds (:func:`paired`), then open-loop overload at multiples of the
+   measured capacity with a deadline (goodput, shed rate and latency, p99 of accepted requests);
 3. the seed guide's one-at-a-time server (``loadtest.seed_server`` under uvicorn), closed loop.
 
 The load client is aiohttp (``loadtest.client``). Client and server share the machine's cores,
@@ -30,7 +29,6 @@ from typing import Any
 from loadtest import client, cpu, report, servers, split
 from loadtest import limit as limit_mod
 from loadtest.corpus import mixed_inputs
-from loadtest.stats import latency_summary
 from loadtest.workloads import common
 
 NAME = "mixed"
@@ -41,14 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inputs", type=int, help="mixed inputs (default 512, quick 128)")
     p.add_argument("--levels", help="closed-loop clients (default 1,4,16,32,64; quick 1,16,64)")
     p.add_argument("--seconds", type=float, help="seconds per point (default 8, quick 3)")
-    p.add_argument(
-        "--paired-levels", help="clients for the paired points (default 32,64; quick 64)"
-    )
-    p.add_argument(
-        "--paired-seconds",
-        type=float,
-        help="seconds per paired server point (default: about one pass over the inputs)",
-    )
+    p.add_argument("--paired-levels", help="paired points' clients (default 32,64; quick 64)")
+    p.add_argument("--paired-seconds", type=float, help="per paired point (default: ~one pass)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of paired points")
     p.add_argument(
         "--paired-one-client",
@@ -57,18 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default 250, quick 110: the inputs' lengths are spread, so a p50 over few jumps)",
     )
     p.add_argument("--overload", default="1,2,4", help="offered load, multiples of capacity")
-    p.add_argument(
-        "--deadline-s",
-        type=float,
-        default=2.0,
-        help="overload deadline sent as X-Request-Timeout (s)",
-    )
+    p.add_argument("--deadline-s", type=float, default=2.0, help="overload's X-Request-Timeout")
     p.add_argument("--batch-sizes", help="limit batch sizes (default 1..64; quick 1,8,32)")
-    p.add_argument(
-        "--server-cmd",
-        help="benchmark this command instead of pipeline-server "
-        "({port} is replaced; it must serve /readyz)",
-    )
+    p.add_argument("--server-cmd", help="serve with this ({port} replaced; must serve /readyz)")
     p.add_argument("--no-baseline", action="store_true", help="skip the seed server")
     p.add_argument("--out", type=Path, help="its JSON (default: results/bench.json)")
     p.add_argument("--plot", type=Path, help="its plot (default: results/bench.png)")
@@ -77,14 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     """The defaults that depend on ``--quick`` and on the results folder."""
     args.inputs = args.inputs or (128 if args.quick else 512)
-    args.levels = [
-        int(x) for x in (args.levels or ("1,16,64" if args.quick else "1,4,16,32,64")).split(",")
-    ]
+    args.levels = common.ints(args.levels or ("1,16,64" if args.quick else "1,4,16,32,64"))
     args.seconds = args.seconds or (3.0 if args.quick else 8.0)
     args.paired_one_client = args.paired_one_client or (110 if args.quick else 250)
-    args.paired_levels = [
-        int(x) for x in (args.paired_levels or ("64" if args.quick else "32,64")).split(",")
-    ]
+    args.paired_levels = common.ints(args.paired_levels or ("64" if args.quick else "32,64"))
     # About one pass over the inputs at ~40 inputs/s, so the server does the limit's work.
     args.paired_seconds = args.paired_seconds or max(3.0, args.inputs / 40)
     args.batch_sizes = args.batch_sizes or ("1,8,32" if args.quick else "1,2,4,8,16,32,64")
@@ -132,17 +111,6 @@ async def closed_levels(
             flush=True,
         )
     return out
-
-
-async def probed(
-    base: str, reqs: list[client.Request], clients: int, seconds: float
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """A saturated closed-loop run with /livez probed beside it."""
-    stop = asyncio.Event()
-    probe = asyncio.create_task(client.probe(base, stop))
-    run = await client.closed_loop(base, reqs, clients, seconds)
-    stop.set()
-    return run.summary(), latency_summary(await probe)
 
 
 async def paired(
@@ -210,14 +178,6 @@ async def bench_server(
         print(f"paired with limit (b) at batch size {batch_size}:", flush=True)
         server_log = None if args.server_cmd else log_path
         res["paired"] = await paired(base, reqs, worker, batch_size, args, server_log)
-        idle_stop = asyncio.Event()
-        idle = asyncio.create_task(client.probe(base, idle_stop))
-        await asyncio.sleep(2)
-        idle_stop.set()
-        res["probe_idle"] = latency_summary(await idle)
-        res["saturated"], res["probe_saturated"] = await probed(
-            base, reqs, max(args.levels), args.seconds
-        )
         res["overload"] = await overload(base, args, reqs, res["closed"])
     return res
 

@@ -73,33 +73,25 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--short-levels", help="wrk connections (default 1,8,32,128)")
     p.add_argument("--short-paired-levels", default="32,128", help="paired levels")
     p.add_argument("--short-seconds", type=float, help="seconds per point (default 6, quick 3)")
-    p.add_argument(
-        "--short-paired-seconds", type=float, help="seconds per paired point (default 8, quick 3)"
-    )
+    p.add_argument("--short-paired-seconds", type=float, help="per paired point (default 8/3)")
     p.add_argument("--short-rounds", type=int, help="paired rounds (default 3, quick 1)")
     p.add_argument("--short-batch-sizes", help="limit (b) sweep (default 8,16,32,64,128)")
-    p.add_argument(
-        "--short-one-client", type=int, help="inputs timed in turn (default 250, quick 110)"
-    )
+    p.add_argument("--short-one-client", type=int, help="inputs timed in turn (default 250/110)")
 
 
 def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     q = args.quick
     args.short_cases = args.short_cases.split(",")
     args.short_inputs = args.short_inputs or (500 if q else 2000)
-    args.short_levels = _ints(args.short_levels or "1,8,32,128")
-    args.short_paired_levels = _ints(args.short_paired_levels)
+    args.short_levels = common.ints(args.short_levels or "1,8,32,128")
+    args.short_paired_levels = common.ints(args.short_paired_levels)
     args.short_seconds = args.short_seconds or (3.0 if q else 6.0)
     args.short_paired_seconds = args.short_paired_seconds or (3.0 if q else 8.0)
     args.short_rounds = args.short_rounds or (1 if q else 3)
-    args.short_batch_sizes = _ints(
+    args.short_batch_sizes = common.ints(
         args.short_batch_sizes or ("16,32,64" if q else "8,16,32,64,128")
     )
     args.short_one_client = args.short_one_client or (110 if q else 250)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,10 +10,8 @@ connections carry it, closed or open loop; and the probes and metrics watched be
 | ``open4x`` | open loop (``rawhttp``), 4x the polite capacity (config A's) | one sentence |
 
 A proxy's pool is a storm only when its requests hold more inputs than the queue: 64
-connections of two inputs each (128) against ``MAX_QUEUE_SIZE=64``, each connection's next
-request another client's. Inputs are word windows of the corpus's sentences outside the
-Gettysburg Address (the ``same`` body), 4-40 words (:func:`held_out_texts`). Capacity, the
-yardstick, is measured per body set.
+connections of two inputs each (128) against ``MAX_QUEUE_SIZE=64``. Inputs are word windows of
+the corpus outside the ``same`` body (:func:`held_out_texts`). Capacity is measured per body set.
 """
 
 from __future__ import annotations

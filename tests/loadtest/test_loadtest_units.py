@@ -158,8 +158,6 @@ def _result() -> dict[str, Any]:
         "server": {
             "closed": _closed(110.0),
             "floor": _closed(5000.0),
-            "probe_idle": probe,
-            "probe_saturated": probe,
             "overload": {
                 "capacity_per_s": 100.0,
                 "deadline_s": 2.0,

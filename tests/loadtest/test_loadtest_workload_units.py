@@ -407,7 +407,7 @@ def test_bench_models_are_built_once_and_load_as_the_server_would(tmp_path: Path
     assert infer_task(str(folder), Settings(model_id=str(folder))) == "text-classification"
     config = json.loads((folder / "config.json").read_text())
     assert config["id2label"] == {"0": "NEGATIVE", "1": "POSITIVE"}
-    nli = json.loads((models.minilm_nli(tmp_path / "nli") / "config.json").read_text())
+    nli = json.loads((zero_shot.minilm_nli(tmp_path / "nli") / "config.json").read_text())
     assert nli["label2id"] == {"entailment": 0, "neutral": 1, "contradiction": 2}
 
 
