@@ -1,14 +1,12 @@
 """Benchmark: pipeline-server's workloads, each beside its yardstick; it picks, orders, reports.
 
     python -m loadtest.bench                     # every workload, in the order below
-    python -m loadtest.bench --only storm        # one (or a comma list: --only burst,storm)
+    python -m loadtest.bench --only storm        # one (or a comma list: --only mixed,storm)
     python -m loadtest.bench --quick             # shorter runs of each
 
-Each workload is a module of ``loadtest.workloads`` (see there for what it measures) with
-``add_arguments``, ``finish_arguments``, ``run(args) -> result`` and ``table(result)``; this
-module only parses the options, runs the chosen ones in order, prints their tables and writes
-each result as JSON (``results/<name>.json``; the mixed bench keeps ``results/bench.json``).
-Client and server share the machine's cores: every figure includes the client's CPU cost.
+Each workload is a module of ``loadtest.workloads`` (see there for what it measures); this
+module parses the options, runs the chosen ones in order, prints their tables and writes each
+result as JSON (``results/<name>.json``; the mixed bench keeps ``results/bench.json``).
 """
 
 from __future__ import annotations

@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil  # type: ignore[import-untyped]  # no stubs unless types-psutil
 
 from loadtest import client, corpus, cpu, outcomes, proc, servers, wrk
 from loadtest.stats import latency_summary
@@ -156,25 +157,14 @@ async def storm_with_polite(
     res["other_cpu"] = cpu.foreign_share(before, end)
     res["client_cores"] = cpu.client_cores(before, end)  # wrk or the open loop, polite, probes
     res.update(split.summary(int(res["requests"]), int(res["ok_per_s"] * args.storm_seconds)))
-    by_status: dict[int, int] = {}
-    for status, _ in answers:
-        by_status[status] = by_status.get(status, 0) + 1
     res["polite"] = {
-        "statuses": by_status,
+        "statuses": dict(Counter(status for status, _ in answers)),
         "shed": latency_summary([s for st, s in answers if st == 503]),
         "ok": latency_summary([s for st, s in answers if st == 200]),
     }
     res["probes"] = storm_kinds.probe_summary(probed)
-    res["alive"] = proc_alive(srv.worker_pid)
+    res["alive"] = psutil.pid_exists(srv.worker_pid)
     return res
-
-
-def proc_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
