@@ -51,17 +51,18 @@ unit: $(VENV)/.dev  ## the fast in-process suite only
 image-test:  ## build the image with podman and test it (minutes; root on Debian)
 	bash tests/image/run.sh
 
-# Every workload of loadtest/workloads in order (about 50 minutes here: mixed 11,
-# short_inputs 12, cpu 1, profile 0.5, burst 1, storm 1.5, memory 21, zero_shot 2); one
-# workload: BENCH_ARGS='--only storm'; shorter runs of each: BENCH_ARGS=--quick (memory 2
-# minutes a phase). Needs wrk (apt-get install wrk) and py-spy (dev extras).
-bench: $(VENV)/.dev  ## the benchmark's workloads (about 50 minutes; see loadtest/workloads)
+# Every workload of loadtest/workloads in order (about 25 minutes on 2 cores: mixed 11,
+# short_inputs 12, storm 3); one workload: BENCH_ARGS='--only storm'; shorter runs of each:
+# BENCH_ARGS=--quick. Needs wrk (apt-get install wrk) and py-spy (dev extras). The studies
+# (CPU per request, profile, burst, memory, zero-shot) run the same way:
+# .venv/bin/python -m loadtest.experiments.bench --only memory (see loadtest/experiments).
+bench: $(VENV)/.dev  ## the benchmark's workloads (about 25 minutes; see loadtest/workloads)
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
 
 # Three replicas behind HAProxy (apt-get install haproxy): capacity, steady load, a retry
 # storm, a slow replica (leastconn, round-robin), a rolling update; about 5 minutes.
 replicas: $(VENV)/.dev  ## three replicas behind HAProxy: rolling update, slow replica, storm
-	$(BIN)/python -m loadtest.replicas $(REPLICAS_ARGS)
+	$(BIN)/python -m loadtest.experiments.replicas $(REPLICAS_ARGS)
 
 # Prints a short summary and the SLO gate's verdict; exits non-zero when the gate fails. Each
 # run's files (CSV, HTML report, Locust's full log and tables) go to their own folder,

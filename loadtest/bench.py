@@ -1,14 +1,12 @@
 """Benchmark: pipeline-server's workloads, each beside its yardstick; it picks, orders, reports.
 
     python -m loadtest.bench                     # every workload, in the order below
-    python -m loadtest.bench --only storm        # one (or a comma list: --only burst,storm)
+    python -m loadtest.bench --only storm        # one (or a comma list: --only mixed,storm)
     python -m loadtest.bench --quick             # shorter runs of each
 
-Each workload is a module of ``loadtest.workloads`` (see there for what it measures) with
-``add_arguments``, ``finish_arguments``, ``run(args) -> result`` and ``table(result)``; this
-module only parses the options, runs the chosen ones in order, prints their tables and writes
-each result as JSON (``results/<name>.json``; the mixed bench keeps ``results/bench.json``).
-Client and server share the machine's cores: every figure includes the client's CPU cost.
+Each workload is a module of ``loadtest.workloads`` (see there for what it measures); this
+module parses the options, runs the chosen ones in order, prints their tables and writes each
+result as JSON (``results/<name>.json``; the mixed bench keeps ``results/bench.json``).
 """
 
 from __future__ import annotations
@@ -18,22 +16,25 @@ import json
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from loadtest import cpu, report
-from loadtest.workloads import ORDER, WORKLOADS
+from loadtest.workloads import WORKLOADS
 
 RESULTS = Path(__file__).with_name("results")
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The shared options, then every workload's own (``--quick`` shortens the defaults)."""
+def parse_args(
+    argv: Sequence[str] | None, workloads: Mapping[str, ModuleType] = WORKLOADS
+) -> argparse.Namespace:
+    """The shared options, then every workload's own (``--quick`` shortens the defaults);
+    ``args.workloads`` is the table the names of ``--only`` are looked up in."""
+    order = list(workloads)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--only", help=f"workloads to run, comma-separated (default all: {','.join(ORDER)})"
-    )
+    p.add_argument("--only", help=f"workloads to run (default all: {','.join(order)})")
     p.add_argument("--quick", action="store_true", help="fewer inputs, levels and seconds")
     p.add_argument(
         "--env",
@@ -48,9 +49,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=cpu.Quiet().max_other_cpu,
         help="re-measure a point when other processes took more of the CPU (0-1)",
     )
-    p.add_argument(
-        "--retries", type=int, default=cpu.Quiet().retries, help="re-measurements per point"
-    )
+    p.add_argument("--retries", type=int, default=cpu.Quiet().retries, help="per point")
     p.add_argument(
         "--wait-quiet",
         type=float,
@@ -59,27 +58,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="first wait up to S seconds until other processes leave the CPU idle",
     )
     p.add_argument("--results", type=Path, default=RESULTS, help="folder for JSON and logs")
-    for name in ORDER:
-        WORKLOADS[name].add_arguments(p.add_argument_group(name))
+    for name in order:
+        workloads[name].add_arguments(p.add_argument_group(name))
     args = p.parse_args(argv)
-    args.only = [n.strip() for n in args.only.split(",")] if args.only else list(ORDER)
-    unknown = [n for n in args.only if n not in WORKLOADS]
+    args.only = [n.strip() for n in args.only.split(",")] if args.only else order
+    unknown = [n for n in args.only if n not in workloads]
     if unknown:
-        p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(ORDER)}")
+        p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(order)}")
     for name in args.only:
-        WORKLOADS[name].finish_arguments(args, args.results)
+        workloads[name].finish_arguments(args, args.results)
+    args.workloads = workloads
     return args
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one workload, print its table, write its JSON (and any extras); its result."""
-    module = WORKLOADS[name]
+    module = args.workloads[name]
     print(f"== {name}", flush=True)
     started = time.monotonic()
     machine = report.machine()
     result = module.run(args)
     machine["loadavg_after"] = os.getloadavg()
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine, **result}
+    options = {k: str(v) for k, v in vars(args).items() if k != "workloads"}
+    result = {"args": options, "machine": machine, **result}
     result["wall_s"] = time.monotonic() - started
     print(module.table(result), flush=True)
     out = getattr(args, "out", None) if name == "mixed" else None
@@ -94,12 +95,14 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Run the chosen workloads in order."""
+def main(
+    argv: Sequence[str] | None = None, workloads: Mapping[str, ModuleType] = WORKLOADS
+) -> None:
+    """Run the chosen workloads of ``workloads`` in order."""
     # SIGTERM (``timeout``, a CI runner) as an exception, so that every server and limit
     # process started in a ``with`` block is stopped on the way out, not left running.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    args = parse_args(argv)
+    args = parse_args(argv, workloads)
     args.results.mkdir(parents=True, exist_ok=True)
     if args.wait_quiet:
         waited = cpu.wait_quiet(args.wait_quiet)

@@ -1,8 +1,7 @@
 """The benchmark's load client: aiohttp, closed loop (N clients) or open loop (fixed rate).
 
-aiohttp rather than httpx: httpx's pool has been measured taking ~3 s for 160 concurrent
-keep-alive requests to an idle server, aiohttp ~20 ms. Bodies are read but never parsed, so the
-client's cost per answer is small; its floor is measured the same way against /livez.
+aiohttp rather than httpx, whose pool is far slower with many concurrent keep-alive requests.
+Bodies are read but never parsed; the client's floor is measured the same way against /livez.
 Every loop is bounded in time and in request count. Latencies are seconds.
 """
 
@@ -77,9 +76,8 @@ class Result:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on uvloop, the server's own loop, where it is installed (it comes with
-    uvicorn[standard] on Linux): the client shares the cores with the server under test, and on
-    uvloop it spent about a tenth less CPU per 400 KB answer here."""
+    """``asyncio.run`` on uvloop where it is installed (uvicorn[standard] brings it): the client
+    shares the cores with the server under test, and uvloop costs it less CPU."""
     try:
         import uvloop
     except ImportError:
@@ -196,17 +194,3 @@ async def arrivals(
         task.add_done_callback(tasks.discard)
     await asyncio.gather(*tasks)
     return result
-
-
-async def probe(
-    base: str, stop: asyncio.Event, interval_s: float = 0.05, max_probes: int = 10_000
-) -> list[float]:
-    """GET /livez every ``interval_s`` on its own connection until ``stop``; latencies (s)."""
-    latencies: list[float] = []
-    async with session(1) as http:
-        while not stop.is_set() and len(latencies) < max_probes:
-            sent = time.perf_counter()
-            if await send(http, base, LIVEZ) == 200:
-                latencies.append(time.perf_counter() - sent)
-            await asyncio.sleep(interval_s)
-    return latencies

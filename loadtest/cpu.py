@@ -1,9 +1,8 @@
 """How much CPU other processes took during a measurement, and waiting for a quiet machine.
 
-The client, the server and the limit run on the same 2 cores; anything else running there (a
-build, another test suite) slows the server and the limit by different amounts and spoils the
-ratios. Every benchmark point therefore records the share of the machine's CPU that processes
-outside this benchmark's own tree (itself, its servers, its limit subprocess) used meanwhile.
+The client, the server and the limit share the cores; anything else running there slows the
+server and the limit by different amounts and spoils the ratios. Every benchmark point records
+the share of the machine's CPU that processes outside the benchmark's own tree used meanwhile.
 """
 
 from __future__ import annotations

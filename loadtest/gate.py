@@ -16,7 +16,7 @@ import argparse
 import csv
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TextIO
 
@@ -157,15 +157,7 @@ def add_threshold_options(parser: argparse.ArgumentParser, prefix: str = "") -> 
 def thresholds_from(options: object, prefix: str = "") -> Thresholds:
     """The :class:`Thresholds` held by parsed options named as in :func:`add_threshold_options`."""
     key = prefix.replace("-", "_")
-    fields = (
-        "max_error_rate",
-        "max_rejected_rate",
-        "max_shed_rate",
-        "max_expired_rate",
-        "max_p95_ms",
-        "min_requests",
-    )
-    return Thresholds(**{name: getattr(options, key + name) for name in fields})
+    return Thresholds(**{f.name: getattr(options, key + f.name) for f in fields(Thresholds)})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,19 +1,16 @@
-"""The limit: the best in-process throughput on the benchmark's inputs (README, Benchmarks).
+"""The limit: the best in-process throughput on the benchmark's inputs (docs/benchmarks.md).
 
 (a) the pipeline on pre-formed batches, in input order, at each batch size;
 (b) tokenizer + model (no pipeline, no output conversion) on length-sorted batches at each size
     (for pooled embeddings, ``pooling="mean"``: plus the masked mean over the token rows);
 plus a direct single pipeline call's latency, the yardstick for one client's p50.
 
-Any model folder, task and input set (``--model``, ``--task``, ``--input-set``: mixed by
-default, ``short`` for loadtest.workloads.short_inputs); the task is the server's own
-inference from the model when not given.
-
-Run it alone (``python -m loadtest.limit --out limit.json``) or from ``loadtest.bench``, which
-runs it in a subprocess before the server starts so that the two never compete for the 2 cores,
-and then keeps a second one loaded (``--serve``, :class:`LimitWorker`) to measure limit points
-in turn with server points.
-Throughputs are inputs per second; latencies are milliseconds.
+Any model folder and input set (``--model``, ``--input-set``); the task is TASK, else the
+server's own inference from the model. Run it alone (``python -m
+loadtest.limit --out limit.json``) or from the workloads, which run it in a subprocess before
+the server starts (the two never compete for the cores), then keep one loaded (``--serve``,
+:class:`LimitWorker`) to measure limit points in turn with server points. Throughputs are
+inputs per second; latencies are milliseconds.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -70,11 +68,8 @@ def chunks(items: Sequence[str], size: int) -> list[list[str]]:
 
 
 def spread(n: int) -> list[int]:
-    """``range(n)`` in bit-reversed (van der Corput) order: every prefix spans the whole range.
-
-    Length-sorted batches run in this order, so a time-bounded prefix samples short, middling
-    and long batches alike (a random order leaves a few batches to luck).
-    """
+    """``range(n)`` in bit-reversed (van der Corput) order: every prefix spans the whole range,
+    so a time-bounded prefix of length-sorted batches samples short and long batches alike."""
     bits = max(1, (n - 1).bit_length())
     order = (int(f"{i:0{bits}b}"[::-1], 2) for i in range(1 << bits))
     return [i for i in order if i < n]
@@ -83,11 +78,8 @@ def spread(n: int) -> list[int]:
 def throughput(
     run_batch: Callable[[list[str]], object], batches: list[list[str]], budget_s: float
 ) -> float:
-    """Inputs per second running the batches back to back (wall clock).
-
-    Stops after the batch that crosses ``budget_s``, so a point costs about that long on any
-    machine; callers pass the batches in an order whose every prefix is a fair sample.
-    """
+    """Inputs per second running the batches back to back (wall clock), stopping after the
+    batch that crosses ``budget_s``; callers pass them in an order whose every prefix is fair."""
     done, start = 0, time.perf_counter()
     for batch in batches:
         run_batch(batch)
@@ -117,10 +109,10 @@ class Limit:
         self.by_length = [text for _, text in sorted(zip(self.lengths, inputs, strict=True))]
 
         self._engine: Any = None  # the server's path, for `replay` (loaded when first asked)
-        self._longest: Any = None
+        self._sized: dict[int, Any] = {}
         # (b)'s forward is the server's backend (BACKEND/DTYPE from this process's environment,
         # the server's own: `auto` measures and checks the candidates as the server does), so
-        # the limit is the fastest quality-keeping backend's, not torch float32's (issue 20).
+        # the limit is the fastest quality-keeping backend's, whatever the server serves.
         backend = getattr(self.engine(), "backend", None)
         self.backend: dict[str, Any] = dict(self.engine().info.summary()["backend"])
 
@@ -155,44 +147,31 @@ class Limit:
         return out
 
     def replay(self, shapes: Sequence[Sequence[int]]) -> float:
-        """Seconds the server's own path (its engine's ``run``) takes on batches of these
-        shapes, back to back with nothing else running: ``(inputs, tokens)`` each, every
-        input ``tokens`` long. A padded batch costs its shape whatever its real tokens, so this
-        is what a server point's batches cost alone; the server's log gives their shapes."""
-        from service.engine.warmup import sample_unit
-
+        """Seconds the server's own path (its engine's ``prepare`` and ``run``) takes on batches
+        of these shapes, back to back with nothing else running: ``(inputs, tokens)`` each. A
+        padded batch costs its shape whatever its tokens say, so each batch is ``inputs`` copies
+        of one input ``tokens`` long (:meth:`sized`); the server's log gives the shapes."""
         engine = self.engine()
-        if self._longest is None:
-            longest = max(zip(self.lengths, self.inputs, strict=True))[1]
-            self._longest = engine.prepare(sample_unit(engine.info, longest))
         seconds = 0.0
         for n, length in shapes:
-            one = _cut(self._longest, length)
+            one = self.sized(length)
             start = time.perf_counter()
             engine.run([one] * n)
             seconds += time.perf_counter() - start
         return seconds
 
-    def pooling_cost(self, batch_size: int) -> dict[str, float]:
-        """What mean pooling adds to (b), timed apart: one pass over the length-sorted batches,
-        each through tokenizer + model, then mean pooling alone on its output. Milliseconds per
-        input of each (a throughput ratio of two passes would measure the machine's drift)."""
-        import torch
+    def sized(self, tokens: int) -> Any:
+        """An input of the engine, prepared, as near ``tokens`` long as the tokenizer allows:
+        a word repeated (the mask token for fill-mask, as the engine's calibration does)."""
+        if tokens not in self._sized:
+            from service.engine.warmup import sample_unit
 
-        tok, model = self.pipe.tokenizer, self.pipe.model
-        assert tok is not None
-        model_s = pool_s = 0.0
-        for batch in chunks(self.by_length, batch_size):
-            start = time.perf_counter()
-            enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
-            with torch.inference_mode():
-                out = model(**enc)
-                middle = time.perf_counter()
-                mean_pool(out[0], enc["attention_mask"])
-            pool_s += time.perf_counter() - middle
-            model_s += middle - start
-        n = len(self.by_length)
-        return {"model_ms_per_input": 1000 * model_s / n, "pool_ms_per_input": 1000 * pool_s / n}
+            engine = self.engine()
+            word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
+            special = engine.prepare(sample_unit(engine.info, word)).n_tokens - 1
+            text = word * max(1, tokens - special)
+            self._sized[tokens] = engine.prepare(sample_unit(engine.info, text))
+        return self._sized[tokens]
 
     def engine(self) -> Any:
         """The server's Engine (``service.engine.loading.load_engine``, settings from the
@@ -215,7 +194,7 @@ class Limit:
 
     def b(self, batch_size: int, budget_s: float, pooling: str | None = None) -> float:
         """(b): inputs/s of tokenizer + model on length-sorted batches of ``batch_size``
-        (``pooling="mean"``: plus mean pooling, what pooled embeddings cost)."""
+        (``pooling="mean"``: plus mean pooling)."""
         cut = chunks(self.by_length, batch_size)
         run = functools.partial(self.run_model, pooling=pooling)
         return throughput(run, [cut[i] for i in spread(len(cut))], budget_s)
@@ -231,11 +210,8 @@ def measure(
     quiet: cpu.Quiet,
 ) -> dict[str, Any]:
     """Measure (a), (b) and single-call latency: about ``budget_s`` seconds per (a) and
-    single-call point, and one whole pass over the inputs per (b) point.
-
-    A point disturbed by other processes is measured again (``quiet``); their CPU share during
-    each kept point is reported beside it.
-    """
+    single-call point, one whole pass over the inputs per (b) point. A point disturbed by other
+    processes is measured again (``quiet``); their CPU share is reported beside it."""
     lim = Limit(inputs, model_id, task)
     other: dict[str, float] = {}
     single, other["single"], _ = cpu.least_disturbed(
@@ -284,14 +260,10 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     """Answer measurement requests, one JSON object per line, until stdin closes.
 
     ``{"op": "b", "batch_size": 16}`` answers ``{"inputs_per_s": ...}`` for one whole pass over
-    the inputs (the same work every time, so points differ only by the machine's speed;
-    ``"pooling": "mean"`` adds mean pooling);
-    ``{"op": "calls", "indices": [3, 4]}`` times a direct single call on each of inputs 3 and 4,
-    back to back: ``{"ms": [..., ...]}``; ``{"op": "replay", "shapes": [[8, 40], [2, 300]]}``
-    answers ``{"seconds": ...}`` for :meth:`Limit.replay` of those batch shapes;
-    ``{"op": "pooling", "batch_size": 32}`` answers :meth:`Limit.pooling_cost`.
-    The benchmark keeps this process loaded and idle while it measures the server, and asks
-    for limit points in turn with server points (:class:`LimitWorker`).
+    the inputs (``"pooling": "mean"`` adds mean pooling); ``{"op": "calls", "indices": [3, 4]}``
+    times a direct single call on each of those inputs: ``{"ms": [..., ...]}``;
+    ``{"op": "replay", "shapes": [[8, 40], [2, 300]]}`` answers ``{"seconds": ...}``
+    (:meth:`Limit.replay`); ``{"op": "backend"}`` the backend's summary.
     """
     lim.engine()  # loaded now, not in the middle of a paired round
     stdout.write(json.dumps({"ready": True}) + "\n")
@@ -299,14 +271,12 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     for line in stdin:
         req = json.loads(line)
         answer: dict[str, Any]
-        if req["op"] == "backend":
+        if req["op"] == "backend":  # the backend (b)'s forward runs on: the server's
             answer = lim.backend
         elif req["op"] == "calls":
             answer = {"ms": lim.single_calls_of([lim.inputs[i] for i in req["indices"]])}
         elif req["op"] == "replay":
             answer = {"seconds": lim.replay(req["shapes"])}
-        elif req["op"] == "pooling":
-            answer = lim.pooling_cost(req["batch_size"])
         else:
             answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf, req.get("pooling"))}
         stdout.write(json.dumps(answer) + "\n")
@@ -317,13 +287,10 @@ class LimitWorker:
     """A ``loadtest.limit --serve`` subprocess: limit points on demand, the model kept loaded.
 
     Its measurements run while the server under test is idle and the load client is stopped, so
-    each server point can be divided by limit points taken seconds before and after it: this
-    machine's speed drifts by tens of percent within a minute, and a ratio of points taken
-    minutes apart would measure the drift.
-
-    ``model_id`` and ``task`` (default: the environment's, else the embedded model and the task
-    the server infers) reach the replayed ``Engine`` as MODEL_ID and TASK, so its batches run
-    the server's path on the server's model; ``env`` adds more of the server's settings.
+    each server point can be divided by limit points taken seconds before and after it (a
+    machine's speed drifts within minutes). ``model_id`` (default: MODEL_ID, else the embedded
+    model) and ``env`` (more of the server's settings) reach the replayed ``Engine``, so its
+    batches run the server's path on the server's model.
     """
 
     def __init__(
@@ -334,19 +301,13 @@ class LimitWorker:
         *,
         input_set: str = "mixed",
         model_id: str | None = None,
-        task: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        import subprocess
-        import sys
-
         cmd = [sys.executable, "-m", "loadtest.limit", "--serve", "--inputs", str(inputs)]
         cmd += ["--input-set", input_set]
         full_env = {**os.environ, **(env or {})}
         if model_id:
             full_env["MODEL_ID"] = model_id
-        if task:
-            full_env["TASK"] = task
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
@@ -383,38 +344,12 @@ class LimitWorker:
             raise
 
 
-def _cut(prepared: Any, length: int) -> Any:
-    """A copy of a prepared input keeping its first ``length - 1`` tokens and the closing one."""
-    import dataclasses
-
-    from service.engine.forward.encoder import Encoded
-
-    if length >= prepared.n_tokens:
-        return prepared
-    keep = [*range(length - 1), -1]
-    payload = prepared.payload
-    if isinstance(payload, Encoded):
-        types = payload.type_ids
-        cut: Any = Encoded(
-            ids=[payload.ids[i] for i in keep],
-            type_ids=None if types is None else [types[i] for i in keep],
-            prompt_tokens=0,
-        )
-    else:  # the pipeline engine's chunks: tensors of [1, tokens, ...]
-        chunk = {
-            k: v[:, keep] if getattr(v, "ndim", 0) >= 2 else v for k, v in payload.chunks[0].items()
-        }
-        cut = dataclasses.replace(payload, chunks=[chunk])
-    return dataclasses.replace(prepared, n_tokens=length, payload=cut)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: measure and print or write the JSON result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=512, help="number of inputs")
     parser.add_argument("--input-set", choices=INPUT_SETS, default="mixed")
     parser.add_argument("--model", help="model folder or id (default: MODEL_ID, else embedded)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     parser.add_argument("--single", type=int, default=200, help="inputs timed one at a time")
     parser.add_argument("--seconds", type=float, default=5.0, help="time budget per point")
@@ -425,35 +360,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="re-measure a point when other processes took more of the CPU (0-1)",
     )
     parser.add_argument("--retries", type=int, default=cpu.Quiet().retries)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    parser.add_argument("--task", help="default: TASK, else the server's inference from the model")
     parser.add_argument("--out", type=Path, help="write JSON here instead of stdout")
-    parser.add_argument(
-        "--serve", action="store_true", help="answer JSON-line requests on stdin (LimitWorker)"
-    )
+    parser.add_argument("--serve", action="store_true", help="answer requests on stdin (serve)")
     args = parser.parse_args(argv)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     model_id = args.model or default_model()
-    task = args.task or task_of(model_id)
-    texts = input_set(args.input_set, args.inputs, args.seed)
+    task, texts = task_of(model_id), input_set(args.input_set, args.inputs)
     if args.serve:
-        import sys
-
         serve(Limit(texts, model_id, task), sys.stdin, sys.stdout)
         return
     sizes = [int(s) for s in args.batch_sizes.split(",")]
-    result = measure(
-        texts,
-        model_id,
-        task,
-        sizes,
-        args.single,
-        args.seconds,
-        cpu.Quiet(args.max_other_cpu, args.retries),
-    )
+    quiet = cpu.Quiet(args.max_other_cpu, args.retries)
+    result = measure(texts, model_id, task, sizes, args.single, args.seconds, quiet)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")

@@ -14,15 +14,12 @@ JSON requests ask for truncation (``parameters.truncation``, which every task ta
 of several hundred tokens exceed the default model's 256, and a load test is not about 422s.
 
 Users: ``InferenceUser`` [3] ignores Retry-After; ``PoliteUser`` [1] waits as long as a 503's
-Retry-After says before its next request. Pick one with its class name on the command line.
-
-Every non-200 answer is a failure named by category (see ``loadtest/outcomes.py``): 503 "shed",
-504 "expired", 4xx "rejected", other 5xx and connection errors "error". Shapes: ``--shape``
-steady | step | burst, driven by ``-u``, ``-r`` and ``-t``. When Locust quits, it prints a
-short summary (requests, req/s, failures by category, p50/p95) and the SLO gate's lines, and
-the gate sets the exit code from the ``--slo-*`` thresholds (by default: any error or
-rejection fails). With ``--logfile``, Locust's own tables go to that file too, so the console
-shows only the summary (``make locust``).
+Retry-After says (pick one by its class name on the command line). Every non-200 answer is a
+failure named by category (``loadtest.outcomes``). Shapes: ``--shape`` steady | step | burst,
+driven by ``-u``, ``-r`` and ``-t``. When Locust quits, it prints a short summary and the SLO
+gate's lines, and the gate sets the exit code from the ``--slo-*`` thresholds (by default: any
+error or rejection fails). With ``--logfile``, Locust's own tables go to that file too
+(``make locust``).
 """
 
 from __future__ import annotations
@@ -56,44 +53,20 @@ def _json(inputs: str | list[str]) -> str:
 
 def _add_options(parser: Any, **_: Any) -> None:
     group = parser.add_argument_group("pipeline-server")
-    group.add_argument(
+    add = group.add_argument
+    add(
         "--shape",
         choices=shapes.SHAPES,
         default="steady",
         help="load shape over -t: steady at -u users; -u in --steps equal steps; "
         "bursts to -u from a quarter of it",
     )
-    group.add_argument("--steps", type=int, default=4, help="steps of the step shape")
-    group.add_argument(
-        "--burst-every-s",
-        type=float,
-        default=20.0,
-        help="burst shape: a burst starts this often (seconds)",
-    )
-    group.add_argument(
-        "--burst-length-s",
-        type=float,
-        default=5.0,
-        help="burst shape: how long a burst lasts (seconds)",
-    )
-    group.add_argument(
-        "--think-max-ms",
-        type=float,
-        default=100.0,
-        help="each user waits uniformly 0..this between requests (ms)",
-    )
-    group.add_argument(
-        "--deadline-s",
-        type=float,
-        default=0.0,
-        help="send X-Request-Timeout with this deadline (0: server default)",
-    )
-    group.add_argument(
-        "--max-retry-after-s",
-        type=float,
-        default=30.0,
-        help="PoliteUser waits at most this long for one Retry-After (seconds)",
-    )
+    add("--steps", type=int, default=4, help="steps of the step shape")
+    add("--burst-every-s", type=float, default=20.0, help="burst shape: a burst starts this often")
+    add("--burst-length-s", type=float, default=5.0, help="burst shape: how long a burst lasts")
+    add("--think-max-ms", type=float, default=100.0, help="a user's pause, 0..this (ms)")
+    add("--deadline-s", type=float, default=0.0, help="X-Request-Timeout to send (0: none)")
+    add("--max-retry-after-s", type=float, default=30.0, help="PoliteUser's longest wait")
     gate.add_threshold_options(group, prefix="slo-")
 
 

@@ -17,9 +17,6 @@ from pathlib import Path
 MODELS = Path(__file__).with_name("results") / "models"
 _RECIPE = "bench-recipe.json"
 
-#: The label order of MNLI-style models, which the zero-shot pipeline looks for by name.
-NLI_LABELS = ("entailment", "neutral", "contradiction")
-
 
 def encoder_dir() -> Path:
     """The embedded all-MiniLM-L6-v2 folder (the encoder the heads sit on)."""
@@ -33,17 +30,15 @@ def minilm_classifier(
     labels: Sequence[str] = ("NEGATIVE", "POSITIVE"),
     seed: int = 0,
 ) -> Path:
-    """A text-classification model: the MiniLM encoder and a random ``labels`` head."""
-    return _build(folder, {"labels": list(labels), "seed": seed})
-
-
-def minilm_nli(folder: Path = MODELS / "minilm-nli", seed: int = 0) -> Path:
-    """The same with ``label2id`` {"entailment": 0, "neutral": 1, "contradiction": 2}."""
-    return _build(folder, {"labels": list(NLI_LABELS), "seed": seed})
-
-
-def _build(folder: Path, recipe: dict[str, object]) -> Path:
-    recipe = {**recipe, "encoder": str(encoder_dir()), "kind": "BertForSequenceClassification"}
+    """A text-classification model: the MiniLM encoder and a random ``labels`` head, built in
+    ``folder`` unless the recipe there is the same."""
+    names = [str(label) for label in labels]
+    recipe = {
+        "labels": names,
+        "seed": seed,
+        "encoder": str(encoder_dir()),
+        "kind": "BertForSequenceClassification",
+    }
     marker = folder / _RECIPE
     if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == recipe:
         return folder
@@ -51,17 +46,16 @@ def _build(folder: Path, recipe: dict[str, object]) -> Path:
     from transformers import AutoTokenizer, BertForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    labels = [str(label) for label in recipe["labels"]]  # type: ignore[attr-defined]
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "newly initialized: classifier.*" is the point here
     hf_logging.disable_progress_bar()
     try:
-        torch.manual_seed(int(recipe["seed"]))  # type: ignore[call-overload]
+        torch.manual_seed(seed)
         model = BertForSequenceClassification.from_pretrained(
             encoder_dir(),
-            num_labels=len(labels),
-            id2label=dict(enumerate(labels)),
-            label2id={label: i for i, label in enumerate(labels)},
+            num_labels=len(names),
+            id2label=dict(enumerate(names)),
+            label2id={label: i for i, label in enumerate(names)},
         )
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -73,9 +67,8 @@ def _build(folder: Path, recipe: dict[str, object]) -> Path:
 
 
 def main() -> None:
-    """Build both models (``python -m loadtest.models``) and print their folders."""
+    """Build the model (``python -m loadtest.models``) and print its folder."""
     print(minilm_classifier())
-    print(minilm_nli())
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Each request is built once as bytes (:func:`wire`), so sending costs the client one write and
 reading the answer one head parse plus one read of ``Content-Length`` bytes, whatever the
 method or body. A general client costs more per request, and more for a POST with a JSON body
-than for a GET, and that difference would be read as the server's (the burst workload: see
-``loadtest.workloads.burst``). Not a general client: no chunked answers, no redirects, no TLS.
+than for a GET, and that difference would be read as the server's (the burst study: see
+``loadtest.experiments.burst``). Not a general client: no chunked answers, no redirects, no TLS.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The benchmark's ratios and its Markdown tables (printed, and pasted into the README as is)."""
+"""The mixed benchmark's ratios and Markdown tables (printed; docs/benchmarks.md quotes them)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 import os
 import platform
 import statistics
+from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
@@ -35,7 +36,7 @@ def machine() -> dict[str, Any]:
 
 
 def p50_target_ms(single_call_ms: float) -> float:
-    """The one-client goal: 1.1 x a direct single pipeline call + 2 ms (the issue's target)."""
+    """The one-client goal: 1.1 x a direct single pipeline call + 2 ms."""
     return 1.1 * single_call_ms + 2
 
 
@@ -45,7 +46,7 @@ def _peak(closed: dict[Any, dict[str, Any]]) -> tuple[Any, float]:
 
 
 def ratios(result: dict[str, Any]) -> dict[str, float]:
-    """The issue's target figures, each as a ratio or a pair of milliseconds (NaN if missing)."""
+    """The target figures, each as a ratio or a pair of milliseconds (NaN if missing)."""
     lim, srv = result["limit"], result["server"]
     closed = srv["closed"]
     top = max(closed)
@@ -87,17 +88,18 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
             "overload_top_goodput_over_capacity": worst["goodput_per_s"] / over["capacity_per_s"],
             "overload_top_shed_p99_ms": worst["shed_p99_ms"],
             "overload_floor_p99_ms": over["floor"]["p99_ms"],
-            "probe_saturated_p99_ms": srv["probe_saturated"]["p99_ms"],
-            "probe_idle_p99_ms": srv["probe_idle"]["p99_ms"],
         }
     )
     return out
 
 
 def _ms(value: Any) -> str:
-    return (
-        "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1f}"
-    )
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    return "-" if missing else f"{value:.1f}"
+
+
+def _row(name: str, values: Iterable[float]) -> str:
+    return f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + " |"
 
 
 def _share(point: dict[str, Any]) -> str:
@@ -120,7 +122,7 @@ def _closed_rows(name: str, closed: dict[Any, dict[str, Any]], per_s: str) -> li
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown: the limit, closed-loop rows per system, overload rows, probes and ratios."""
+    """Markdown: the limit, closed-loop rows per system, paired rounds, overload, ratios."""
     lim, srv = result["limit"], result["server"]
     mach = result.get("machine", {})
     load = [f"{x:.1f}" for x in (*mach.get("loadavg_before", ()), *mach.get("loadavg_after", ()))]
@@ -133,12 +135,10 @@ def table(result: dict[str, Any]) -> str:
         "",
         "| batch size | " + " | ".join(str(b) for b in lim["pipeline_batches"]) + " |",
         "| --- |" + " --- |" * len(lim["pipeline_batches"]),
-        "| (a) pipeline, inputs/s | "
-        + " | ".join(f"{v:.1f}" for v in lim["pipeline_batches"].values())
-        + " |",
-        "| (b) tokenizer + model, length-sorted, inputs/s | "
-        + " | ".join(f"{v:.1f}" for v in lim["model_sorted_batches"].values())
-        + " |",
+        _row("(a) pipeline, inputs/s", lim["pipeline_batches"].values()),
+        _row(
+            "(b) tokenizer + model, length-sorted, inputs/s", lim["model_sorted_batches"].values()
+        ),
         "",
         f"Other processes used {_share(lim)} of the CPU during the limit measurement. "
         f"Direct single pipeline call: p50 {lim['single_call_ms']['p50']:.1f} ms, "
@@ -158,10 +158,6 @@ def table(result: dict[str, Any]) -> str:
         "",
         *_paired_rows(srv.get("paired")),
         *_overload_rows(srv["overload"]),
-        "",
-        f"/livez probe: idle p50 {_ms(srv['probe_idle']['p50_ms'])} / p99 "
-        f"{_ms(srv['probe_idle']['p99_ms'])} ms; saturated ({max(srv['closed'])} clients) p50 "
-        f"{_ms(srv['probe_saturated']['p50_ms'])} / p99 {_ms(srv['probe_saturated']['p99_ms'])} ms",
         "",
         *(f"- {k}: {v:.3f}" for k, v in result["ratios"].items()),
     ]

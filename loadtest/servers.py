@@ -50,14 +50,9 @@ def _is_free(port: int) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, for a server started next to bind.
-
-    Never one this process handed out before, and drawn from below the kernel's ephemeral
-    range: a port from bind(0) is released before the server binds it, and in those seconds
-    any socket's bind(0) or connect() may take it (or the next bind(0) may return it again),
-    so the server fails to bind (gunicorn exits 1 after five retries). Falls back to bind(0)
-    where nothing below the range is free.
-    """
+    """A TCP port on 127.0.0.1 that is free now, for a server started next to bind: never one
+    handed out before, and from below the kernel's ephemeral range, which any socket's bind(0)
+    or connect() may take meanwhile. Falls back to bind(0) where nothing below is free."""
     low, _ = _ephemeral_range()
     if low - _LOWEST > 1000:
         for _ in range(100):
@@ -90,19 +85,8 @@ def pipeline_server_command() -> list[str]:
 
 def seed_server_command(port: int) -> list[str]:
     """The baseline: ``loadtest.seed_server`` under uvicorn, one process."""
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "loadtest.seed_server:app",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
+    options = f"--host {HOST} --port {port} --log-level warning --no-access-log"
+    return [sys.executable, "-m", "uvicorn", "loadtest.seed_server:app", *options.split()]
 
 
 def wait_ready(
@@ -138,24 +122,6 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 @contextlib.contextmanager
-def running(
-    command: list[str],
-    port: int,
-    env: Mapping[str, str] | None = None,
-    ready_path: str = "/readyz",
-    ready_timeout_s: float = 180.0,
-    log: IO[bytes] | None = None,
-) -> Iterator[str]:
-    """Run ``command`` (serving on ``port``) until the block ends; yields its base URL.
-
-    The environment gets HOST, PORT, HF_HUB_OFFLINE=1 and TOKENIZERS_PARALLELISM=false on top of
-    ``env`` (or of this process's environment). Output goes to ``log`` (default: discarded).
-    """
-    with started(command, port, env, ready_path, ready_timeout_s, log) as (base, _):
-        yield base
-
-
-@contextlib.contextmanager
 def started(
     command: list[str],
     port: int,
@@ -164,7 +130,10 @@ def started(
     ready_timeout_s: float = 180.0,
     log: IO[bytes] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """:func:`running`, yielding the process too: (base URL, process)."""
+    """Run ``command`` (serving on ``port``) until the block ends; yields its base URL and the
+    process. The environment gets HOST, PORT, HF_HUB_OFFLINE=1 and TOKENIZERS_PARALLELISM=false
+    on top of ``env`` (or of this process's environment). Output goes to ``log`` (default:
+    discarded)."""
     full_env = {
         **(env if env is not None else os.environ),
         "HOST": HOST,

@@ -1,5 +1,7 @@
-"""What bounds a server point, and one client against a direct call: shared by the workloads.
+"""The paired rounds of the workloads: server points between limit points, what bounds them.
 
+- :func:`paired_rounds`: each server point between two limit (b) points, and one client
+  against direct calls, round after round;
 - :func:`batches_alone`: the batches the server formed during a point (its ``batch`` log
   lines), replayed alone by the server's own ``Engine`` in a limit process;
 - :func:`one_client_in_turn`: one client's latency against a direct single pipeline call on
@@ -9,8 +11,10 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,64 @@ from typing import Any
 from loadtest import client
 from loadtest import limit as limit_mod
 from loadtest.stats import percentile
+
+
+async def paired_rounds(
+    rounds: int,
+    levels: Sequence[int],
+    limit_b: Callable[[], tuple[float, float]],
+    one_client: Callable[[], Awaitable[dict[str, float]]],
+    point: Callable[[int], Awaitable[dict[str, Any]]],
+    log: Path | None = None,
+    worker: limit_mod.LimitWorker | None = None,
+) -> tuple[dict[int, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Rounds of: ``one_client()`` (one client against direct calls, in turn), then limit (b)
+    (``limit_b()``: inputs/s and the CPU share other processes took), and for each level a
+    server point (``point(n)``, its ``inputs_per_s``) and limit (b) again, so that every server
+    point sits between two limit points taken seconds apart: its ``ratio`` is server / mean of
+    the two. With the server's ``log`` and the limit ``worker``, each point is also split into
+    what bounds it (:func:`batches_alone`; ``over_alone``: server / its batches alone).
+    Returns the points by level and the one-client rounds."""
+    points: dict[int, list[dict[str, Any]]] = {n: [] for n in levels}
+    ones: list[dict[str, Any]] = []
+    for rnd in range(1, rounds + 1):
+        ones.append(one := {**await one_client(), "round": rnd})
+        print(
+            f"  round {rnd}: one client p50 {one['p50_ms']:.1f} ms, direct call "
+            f"{one['single_p50_ms']:.1f} ms",
+            flush=True,
+        )
+        before, before_other = limit_b()
+        for n in levels:
+            offset = log.stat().st_size if log else 0
+            got = await point(n)
+            alone = batches_alone(log, offset, worker) if log and worker else {}
+            after, after_other = limit_b()
+            rate = float(got["inputs_per_s"])
+            ratio = rate / statistics.fmean((before, after))
+            over = rate / alone["alone_inputs_per_s"] if alone else math.nan
+            points[n].append(
+                {
+                    **got,
+                    **alone,
+                    "round": rnd,
+                    "limit_b_before": before,
+                    "limit_b_after": after,
+                    "limit_other_cpu": max(before_other, after_other),
+                    "ratio": ratio,
+                    "over_alone": over,
+                }
+            )
+            print(
+                f"  round {rnd}: limit (b) {before:.1f}, {n} clients {rate:.1f}, limit (b) "
+                f"{after:.1f}: ratio {ratio:.2f}; its batches alone "
+                f"{alone.get('alone_inputs_per_s', math.nan):.1f}/s (server / alone {over:.2f}),"
+                f" forward under load {alone.get('forward_slowdown', math.nan):.2f}x, busy "
+                f"{alone.get('busy', math.nan):.0%}",
+                flush=True,
+            )
+            before, before_other = after, after_other
+    return points, ones
 
 
 def batches_alone(log: Path, offset: int, worker: limit_mod.LimitWorker) -> dict[str, Any]:

@@ -1,10 +1,9 @@
 """wrk as the load client: closed loop, N connections, a body list cycled in order.
 
-wrk costs about 14 us of its own CPU per request here (a stub answering 25k requests/s), where
-the aiohttp client costs about 1 ms per answer; client and server share the same 2 cores, so the
-client's cost matters. A generated Lua script pre-formats every request once (``init``) and
+wrk costs a small fraction of the aiohttp client's CPU per request, which matters where client
+and server share the cores. A generated Lua script pre-formats every request once (``init``) and
 hands them out in order (``request``); with ``count_statuses`` it also counts answers by status
-(``response``, about 1.3 us more per request: wrk then parses headers and body into Lua) and
+(``response``: wrk then parses headers and body into Lua, a little more per request) and
 merges the threads' counts in ``done``, which prints one JSON line that :func:`parse` reads.
 
 Durations are whole seconds (wrk's ``-d`` takes no fractions). Latencies are milliseconds.

@@ -1,6 +1,6 @@
-"""create_app(): routes, the middleware (`service.http.context`, `service.http.shed_gate`), the one
-error
-table, the lifespan."""
+"""create_app(): the routes, the middleware (`service.http.context`, `service.http.gate`), the
+one error table, the lifespan, and the admission policy the HTTP edge is bound to
+(`Service.admission`)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service import metrics
+from service.admission.policy import AdmissionPolicy
 from service.engine.batching.batcher import Batcher
 from service.engine.loading import load_engine
 from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
 from service.http.context import RequestContext
-from service.http.shed_gate import ShedGate
+from service.http.gate import AdmissionGate
 from service.log import configure_logging
 from service.protocols.routes import INFERENCE_PATHS, ROUTES
 from service.protocols.serving import json_response
@@ -32,12 +32,6 @@ def _error_body(request: Request, exc: ServiceError) -> Response:
     return json_response(content, exc.status, exc.headers)
 
 
-async def _on_service_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ServiceError)
-    metrics.count_shed(exc)
-    return _error_body(request, exc)
-
-
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
@@ -47,12 +41,22 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     return _error_body(request, NotFound(f"no route {request.url.path}"))
 
 
-def create_app(settings: Settings | None = None, engine_factory: Any = load_engine) -> Starlette:
+class Service(Starlette):
+    """The ASGI app, with the runtime and the admission policy it was made with."""
+
+    def __init__(self, runtime: Runtime, admission: AdmissionPolicy, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.runtime = runtime
+        self.admission = admission
+
+
+def create_app(settings: Settings | None = None, engine_factory: Any = load_engine) -> Service:
     """The ASGI app. `settings` default: read from the environment (exits on a bad value
     through the CLI); `engine_factory(settings) -> Engine` is replaceable for tests."""
     settings = settings or load_settings()
     configure_logging(settings.log_level, settings.log_format)
     runtime = Runtime(settings, Batcher(settings, engine_factory))
+    admission = AdmissionPolicy(runtime, INFERENCE_PATHS)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -60,11 +64,18 @@ def create_app(settings: Settings | None = None, engine_factory: Any = load_engi
         yield
         await runtime.stop()
 
-    app = Starlette(
+    async def on_service_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServiceError)
+        admission.answered(request.scope, exc)  # counts a shed; charges a 503 to its connection
+        return _error_body(request, exc)
+
+    app = Service(
+        runtime,
+        admission,
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={
-            ServiceError: _on_service_error,
+            ServiceError: on_service_error,
             HTTPException: _on_http_error,
         },
     )
@@ -72,7 +83,7 @@ def create_app(settings: Settings | None = None, engine_factory: Any = load_engi
     app.router.redirect_slashes = False
     # Inner first: sheds from the head come before routing, inside the request context (ids,
     # the log line and the request metrics are the same for every answer).
-    app.add_middleware(ShedGate, runtime=runtime, paths=INFERENCE_PATHS)
+    app.add_middleware(AdmissionGate, policy=admission)
     app.add_middleware(RequestContext)
     app.state.runtime = runtime
     return app

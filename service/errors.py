@@ -1,6 +1,6 @@
 """Error types with data (status, error_type, headers), and the one place that maps them to HTTP.
 
-Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (README, Errors),
+Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (docs/api.md, Errors),
 except on the OpenAI routes (`/v1/*`), which answer OpenAI's envelope (`error_content`).
 Messages are for humans and never hold paths, exception text from the model, or stack traces.
 """

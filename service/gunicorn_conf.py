@@ -2,7 +2,7 @@
 
 One worker: one model per process (and per pod). The drain time after SIGTERM and gunicorn's
 graceful timeout agree: gunicorn waits DRAIN_TIMEOUT_S plus a margin before it kills the
-worker, so the app answers everything it accepted first (README, Overload, deadlines and shutdown).
+worker, so the app answers everything it accepted first (docs/operations.md, Shutdown and drain).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ REQUESTS_RUNNING = Gauge(
     "(the Gateway API Inference Extension's TotalRunningRequests).",
 )
 
-# The shed budget (service/admission/budget.py, issue 24): what sheds cost, and what it held back.
+# The shed budget (service.admission): what sheds cost, and what it held back.
 SHED_CPU_SECONDS = Counter(
     _P + "shed_cpu_seconds_total",
     "Event-loop CPU seconds spent answering sheds at the HTTP edge (the shed budget's charge).",

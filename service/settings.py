@@ -1,6 +1,6 @@
 """Settings: read once from unprefixed environment variables (as TEI does), validated, frozen.
 
-Names and defaults are the README's configuration table. A bad value stops the
+Names and defaults are the configuration table of docs/operations.md. A bad value stops the
 start with one line naming the variable (`SettingsError`).
 """
 
@@ -89,10 +89,10 @@ class Settings(BaseSettings):
     liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)
     api_key: str | None = None
-    # Hold a connection that retries before its Retry-After until then (service.http.shed_gate).
+    # Hold a connection that retries before its Retry-After until then (service.admission.tarpit).
     shed_tarpit: bool = True
     # Nice value of the inference thread and torch's threads (0-19): the model yields the CPU
-    # to the event loop whenever the loop has work (answers, probes, sheds; README, Overload).
+    # to the event loop whenever the loop has work (answers, probes, sheds; docs/operations.md).
     model_nice: int = Field(5, ge=0, le=19)
 
     host: str = "127.0.0.1"
@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
     model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
-    # The HTTP edge (service/http/edge.py, issue 14): limits applied before the app sees a request.
+    # The HTTP edge (service.http): limits applied before the app sees a request.
     # The request line, header lines and the final CRLF CRLF, in bytes (431 above it); Go's
     # default is 1 MiB, the ceiling here.
     max_request_head_bytes: int = Field(64 * 1024, ge=1024, le=1024 * 1024)
@@ -113,8 +113,8 @@ class Settings(BaseSettings):
     # Open connections; one more is answered 503 and closed. Below the 1024 descriptors a
     # container gets by default (soft limit), leaving room for the process's own.
     max_connections: int = Field(900, ge=1)
-    # The shed budget (service/admission/budget.py, issue 24): the share of one core that answering
-    # sheds may take; past it, connections that resend at once are not read for a while. 0: off.
+    # The shed budget (service.admission): the share of one core that answering sheds may take;
+    # past it, connections that resend at once are not read for a while. 0: off.
     shed_budget_share: float = Field(0.05, ge=0, le=1, allow_inf_nan=False)
 
     @model_validator(mode="before")

@@ -3,8 +3,9 @@
 uvicorn's httptools protocol enforces no bound on the request head and no deadline on it, and
 gunicorn's `limit_request_*` settings do not reach uvicorn workers: one client sending a 200 MB
 header kept the event loop parsing until gunicorn killed the worker for missing its heartbeat.
-`service.http.edge.EdgeProtocol` keeps httptools (half h11's CPU per request) and adds the limits
-(MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_S, MAX_CONNECTIONS).
+`service.http.edge.EdgeProtocol` keeps httptools (half h11's CPU per request), adds the bounds
+(MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_S, MAX_CONNECTIONS), and is bound to the app's
+admission policy once gunicorn has loaded the app (`Worker.load_wsgi`).
 
 A clean stop (SIGTERM, or Ctrl+C) logs nothing alarming: see `Worker.run` and
 `Worker.init_signals` for the two lines it used to print.
@@ -31,6 +32,19 @@ class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker ships no ty
         "http": "service.http.edge:EdgeProtocol",
     }
     sockets: list[Any]  # gunicorn's listeners (set by its Worker.__init__)
+
+    def load_wsgi(self) -> None:
+        """gunicorn's load of the app (`wsgi_app`), then the edge bound to the app's admission
+        policy: the edge decides each request's head with the object the app's gate and error
+        table report to."""
+        # Imported here, in the worker: gunicorn's arbiter imports this module and has no use
+        # for the service's modules.
+        from service.app import Service
+        from service.http.edge import EdgeProtocol
+
+        super().load_wsgi()
+        if isinstance(self.wsgi, Service):
+            self.config.http = EdgeProtocol.bound(self.wsgi.admission)
 
     def init_signals(self) -> None:
         """uvicorn's `Server` handles SIGTERM and SIGINT while it serves, and once it has

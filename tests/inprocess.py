@@ -133,7 +133,7 @@ def serve(
     shutdown) after."""
     app = create_app(settings, engine_factory=engine_factory)
     port = free_port()
-    http = EdgeProtocol.with_settings(settings)
+    http = EdgeProtocol.bound(app.admission)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_config=None, lifespan="on", http=http
     )

@@ -5,9 +5,9 @@ below, else `bottom`); a module may import its own layer and any layer below it:
 | rank | layer | what |
 | --- | --- | --- |
 | 8 | app | app.py, cli.py, worker.py, gunicorn_conf.py: the application and the process |
-| 7 | http | http/: the edge (connections, framing, head limits), head shedding, request context |
+| 7 | http | http/: the edge (connections, framing, head limits, head sheds), request context |
 | 6 | protocols | protocols/: by what is served (embedding, classification, rerank, tokens) |
-| 5 | admission | admission/: the shed budget and the refusals the edge answers |
+| 5 | admission | admission/: the policy (admit, hold, shed, refuse), tarpit, shed budget, API key |
 | 4 | runtime | runtime/: readiness, draining, reading the body, submit and await |
 | 3 | engine | engine/: jobs, loading, forward, pooling and heads, batching |
 | 2 | backends | backends/: how a batch is computed (tensors in, tensors out) |

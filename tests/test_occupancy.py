@@ -175,7 +175,7 @@ def test_a_cancelled_request_stops_counting_at_once_and_a_running_one_when_its_b
     engine.next_batch()
     gone = offer(b, ["gone 1 [MASK]", "gone 2 [MASK]"])
     assert gauges(b) == (1, 1)
-    for item in gone:  # what `Runtime._abandon` does when the client leaves
+    for item in gone:  # what `service.runtime.runtime._abandon` does when the client leaves
         item.cancel_reason = "client_disconnect"
         assert item.future.cancel()
     assert gauges(b) == (0, 1), "the client left: no longer waiting"

@@ -1,4 +1,4 @@
-"""Overload and deadlines (issue 3): shed at admission with an honest Retry-After, 504 at the
+"""Overload and deadlines: shed at admission with an honest Retry-After, 504 at the
 deadline, expired inputs never computed; C15 against the real server.
 
 Timing margin: an answer is due by its deadline plus `MARGIN_S` (0.5 s). In-process, that is

@@ -1,4 +1,4 @@
-"""Probes, body limits and the API key (issue 3): /livez on a stuck or dead inference thread,
+"""Probes, body limits and the API key: /livez on a stuck or dead inference thread,
 probes answered from state while inference is stuck, C06 (body limits), C16/C17 (a model load
 slower than the liveness budget and than gunicorn's worker timeout) on the real server."""
 

@@ -1,6 +1,6 @@
 """A rolling update of three replicas behind HAProxy under steady load loses nothing.
 
-The short version of `python -m loadtest.replicas` (its `rolling` scenario): three real
+The short version of `python -m loadtest.experiments.replicas` (its `rolling` scenario): three real
 servers (a tiny model) on 127.0.0.1, HAProxy health-checking `/readyz`, aiohttp sending a
 steady 20 requests/s, while each replica is replaced as the chart's rolling update does it
 (start the new one, wait until it is ready, take the old one out of rotation, preStop pause,
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import haproxy
-from loadtest.replicas import Ask, Tally, replica_set, roll, steady
+from loadtest.experiments import haproxy
+from loadtest.experiments.replicas import Ask, Tally, replica_set, roll, steady
 from loadtest.servers import free_port
 
 pytestmark = [

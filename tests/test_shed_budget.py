@@ -1,4 +1,4 @@
-"""The shed budget (issue 24): sheds may take a bounded share of the loop's CPU; past it, a
+"""The shed budget: sheds may take a bounded share of the loop's CPU; past it, a
 connection that resends without waiting is not read until the budget allows, then its request
 is decided again. A first request, a polite one, a pooled connection at moderate overload and
 the probes are answered at once.
@@ -342,8 +342,7 @@ def test_a_queue_with_places_a_deadline_cannot_use_has_no_room() -> None:
     """`WorkQueue.room_by`: free places count as room only while a usual request due by the
     deadline would be admitted; a slow model (a predicted wait past it) leaves none, so held
     requests are not released into a shed for their deadline (released, shed, resent and held
-    again: the likely path of 1,341 sheds a second in a storm on a machine that lost a quarter
-    of its CPU to the host, docs/overload.md)."""
+    again, over and over)."""
     queue = WorkQueue(capacity=10)
     fast = ServiceTimeEstimate(sec_per_token=1e-6, tokens_per_input=10.0)
     slow = ServiceTimeEstimate(sec_per_token=1e-2, tokens_per_input=10.0)  # ~0.1 s an input

@@ -1,4 +1,4 @@
-"""Graceful shutdown of the real server (issue 3, DESIGN.md's Shutdown): C14, and SIGTERM under
+"""Graceful shutdown of the real server (DESIGN.md's Shutdown): C14, and SIGTERM under
 load losing nothing.
 
 "Nothing lost" is checked against the server's own record: every request the app received is

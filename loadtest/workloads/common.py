@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from loadtest import cpu, proc, pyspy, servers, wrk
+from loadtest import cpu, proc, servers, wrk
 from loadtest import limit as limit_mod
 
 JSON = "application/json"
@@ -35,13 +35,18 @@ def server_env(args: argparse.Namespace, **fixed: str) -> dict[str, str]:
     return {**fixed, **servers.parse_env(args.env)}
 
 
+def get_json(url: str) -> Any:
+    """GET ``url`` and decode its JSON body (None when it fails: e.g. no /info)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
 def model_info(served: servers.Served) -> dict[str, Any]:
     """The ``model`` part of the server's /info ({} when it cannot be read)."""
-    try:
-        with urllib.request.urlopen(served.base + "/info", timeout=10) as resp:
-            info = json.loads(resp.read())
-    except (OSError, ValueError):
-        return {}
+    info = get_json(served.base + "/info")
     model = info.get("model") if isinstance(info, dict) else None
     return model if isinstance(model, dict) else {}
 
@@ -50,42 +55,29 @@ def thread_names(served: servers.Served) -> dict[int, str]:
     """The worker's Python thread names by thread id (py-spy dump); {} without py-spy, so
     the inference thread then counts among ``other`` (say so once)."""
     try:
-        return proc.python_threads(served.worker_pid, pyspy.executable())
-    except (FileNotFoundError, OSError, RuntimeError) as exc:
+        return proc.python_threads(served.worker_pid, servers.console_script("py-spy"))
+    except Exception as exc:  # not installed, or it failed to read the process
         print(f"  (no thread names: {exc}; the inference thread counts as 'other')", flush=True)
-        return {}
-    except Exception as exc:  # py-spy failed to read the process: same fallback
-        print(f"  (py-spy dump failed: {exc}; the inference thread counts as 'other')")
         return {}
 
 
 def wrk_point(
     served: servers.Served,
-    bodies: Sequence[bytes] | None,
+    bodies: Sequence[bytes],
     connections: int,
     seconds: float,
     names: dict[int, str],
     args: argparse.Namespace,
-    *,
-    path: str = "/",
-    count_statuses: bool = False,
-    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One closed-loop wrk point with the worker's per-thread CPU over it (``loadtest.proc``);
-    re-measured when other processes took the CPU (``quiet``). One input per request."""
+    """One closed-loop wrk point on ``POST /`` with the worker's per-thread CPU over it
+    (``loadtest.proc``); measured again when other processes took the CPU (``quiet``). One
+    input per request."""
 
     def measure() -> dict[str, Any]:
         window = proc.CpuWindow(served.worker_pid, names)
         window.start()
         try:
-            res = wrk.run(
-                served.base + path,
-                bodies,
-                connections,
-                seconds,
-                count_statuses=count_statuses,
-                headers=headers,
-            )
+            res = wrk.run(served.base + "/", bodies, connections, seconds)
         finally:
             split = window.stop()
         return {**res.summary(), **split.summary(res.requests, res.ok)}
@@ -107,6 +99,11 @@ def limit_b(
     return rate, other
 
 
+def ints(text: str) -> list[int]:
+    """A comma list of integers (``--levels 1,8,32``)."""
+    return [int(x) for x in text.split(",")]
+
+
 def median(values: Iterable[float]) -> float:
     """The median, NaN when there is nothing."""
     got = list(values)
@@ -122,13 +119,11 @@ def ms(value: Any) -> str:
 
 def cpu_cells(point: dict[str, Any]) -> str:
     """The CPU columns of a point: loop ms per request, inference and torch-pool ms per input,
-    the loop's share of samples blocked on a futex (the GIL, mostly), other processes' CPU."""
-    futex = point.get("loop_futex_share")
+    other processes' CPU."""
     return (
         f"{point['loop_ms_per_request']:.2f} | {point['inference_ms_per_input']:.2f} | "
-        f"{point['other_ms_per_input']:.2f} | "
-        f"{'-' if futex is None else f'{futex:.0%}'} | {point['other_cpu']:.0%}"
+        f"{point['other_ms_per_input']:.2f} | {point['other_cpu']:.0%}"
     )
 
 
-CPU_HEAD = "loop ms/req | inference ms/input | torch pool ms/input | loop on futex | other CPU"
+CPU_HEAD = "loop ms/req | inference ms/input | torch pool ms/input | other CPU"

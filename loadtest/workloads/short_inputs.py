@@ -1,22 +1,13 @@
 """Short inputs (8-100 tokens, about 42 mean): where per-request costs outside the model weigh.
 
-``python -m loadtest.bench --only short_inputs`` (about 9 minutes; ``--quick`` about 3). Two
-cases, each on its own server and limit process:
-
-- ``embeddings``: the default model, feature-extraction; the server answers token rows today
-  (pooled embeddings later: change the case's one line, see ``CASES``);
-- ``classification``: the MiniLM encoder with a random head (``loadtest.models``),
-  text-classification: small answers.
-
-Per case: limit (b) (tokenizer + model on length-sorted batches) swept over batch sizes in a
-limit process kept loaded (``loadtest.limit.LimitWorker``); for feature-extraction, mean
-pooling timed apart on the same batches (its cost per input); then the server with wrk at each
-level (JSON ``{"inputs": text}``, one input each), with the worker's per-thread CPU; then
-rounds of: one client against direct single calls (in turn by blocks, aiohttp), and each paired
-level between two limit (b) points (server / mean of the two), split into what bounds it (its
-batches replayed alone by the server's own Engine: ``loadtest.split.batches_alone``).
-Targets (issue 13): throughput / limit (b) >= 0.78 at 32 clients and >= 0.88 at 128; server /
-its own batches alone >= 0.95.
+``python -m loadtest.bench --only short_inputs`` (about 12 minutes; ``--quick`` about 3). Each
+case (``CASES``: pooled embeddings on the default backend and on torch float32, token rows,
+labels of a seeded classifier) runs on its own server and limit process: limit (b) swept over
+batch sizes (``loadtest.limit.LimitWorker``); the server with wrk at each level, one JSON input
+a request, with the worker's per-thread CPU; then rounds of one client against direct single
+calls, and each paired level between two limit (b) points, split into what bounds it
+(``loadtest.split.batches_alone``). Targets: throughput / limit (b) >= 0.78 at 32 clients and
+>= 0.88 at 128; server / its own batches alone >= 0.95.
 """
 
 from __future__ import annotations
@@ -41,14 +32,12 @@ ALONE_TARGET = 0.95
 
 @dataclass(frozen=True, slots=True)
 class Case:
-    """One model and wire shape: the model folder, what the server answers, the request body,
-    and limit (b)'s pooling (``"mean"`` for pooled embeddings, None for token rows or labels)."""
+    """One model and its answers: the model folder, what the server answers, and limit (b)'s
+    pooling (``"mean"`` for pooled embeddings, None for token rows or labels)."""
 
     name: str
     model: Callable[[], str]
     answer: str
-    body: Callable[[str], bytes] = common.json_body
-    path: str = "/"
     pooling: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # the server's, on top of --env
 
@@ -56,8 +45,8 @@ class Case:
 CASES = {
     # The default model answers pooled sentence embeddings (mean, normalized): limit (b) pools too.
     "embeddings": Case("embeddings", limit_mod.default_model, "pooled embeddings", pooling="mean"),
-    # The same with today's backend before issue 20 (torch float32), side by side in one run:
-    # each case's limit (b) runs on its own server's backend (loadtest.limit).
+    # The same on torch float32, side by side in one run: each case's limit (b) runs on its
+    # own server's backend (loadtest.limit).
     "embeddings-torch-float32": Case(
         "embeddings-torch-float32",
         limit_mod.default_model,
@@ -84,33 +73,25 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--short-levels", help="wrk connections (default 1,8,32,128)")
     p.add_argument("--short-paired-levels", default="32,128", help="paired levels")
     p.add_argument("--short-seconds", type=float, help="seconds per point (default 6, quick 3)")
-    p.add_argument(
-        "--short-paired-seconds", type=float, help="seconds per paired point (default 8, quick 3)"
-    )
+    p.add_argument("--short-paired-seconds", type=float, help="per paired point (default 8/3)")
     p.add_argument("--short-rounds", type=int, help="paired rounds (default 3, quick 1)")
     p.add_argument("--short-batch-sizes", help="limit (b) sweep (default 8,16,32,64,128)")
-    p.add_argument(
-        "--short-one-client", type=int, help="inputs timed in turn (default 250, quick 110)"
-    )
+    p.add_argument("--short-one-client", type=int, help="inputs timed in turn (default 250/110)")
 
 
 def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     q = args.quick
     args.short_cases = args.short_cases.split(",")
     args.short_inputs = args.short_inputs or (500 if q else 2000)
-    args.short_levels = _ints(args.short_levels or "1,8,32,128")
-    args.short_paired_levels = _ints(args.short_paired_levels)
+    args.short_levels = common.ints(args.short_levels or "1,8,32,128")
+    args.short_paired_levels = common.ints(args.short_paired_levels)
     args.short_seconds = args.short_seconds or (3.0 if q else 6.0)
     args.short_paired_seconds = args.short_paired_seconds or (3.0 if q else 8.0)
     args.short_rounds = args.short_rounds or (1 if q else 3)
-    args.short_batch_sizes = _ints(
+    args.short_batch_sizes = common.ints(
         args.short_batch_sizes or ("16,32,64" if q else "8,16,32,64,128")
     )
     args.short_one_client = args.short_one_client or (110 if q else 250)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,8 +138,7 @@ def run_case(case: Case, texts: list[str], args: argparse.Namespace) -> dict[str
 
 
 def sweep(worker: limit_mod.LimitWorker, case: Case, args: argparse.Namespace) -> dict[str, Any]:
-    """Limit (b) at each batch size (one whole pass each); for feature-extraction, what mean
-    pooling adds per input at the best size (``Limit.pooling_cost``)."""
+    """Limit (b) at each batch size (one whole pass each)."""
     sizes = args.short_batch_sizes
     points = {bs: common.limit_b(worker, bs, args, pooling=case.pooling) for bs in sizes}
     by_size = {bs: rate for bs, (rate, _) in points.items()}
@@ -175,15 +155,6 @@ def sweep(worker: limit_mod.LimitWorker, case: Case, args: argparse.Namespace) -
         "best_batch_size": best,
         "best": by_size[best],
     }
-    if case.name == "embeddings":
-        cost = worker.ask(op="pooling", batch_size=best)
-        out["pooling"] = cost
-        out["pooling_cost"] = cost["pool_ms_per_input"] / cost["model_ms_per_input"]
-        print(
-            f"  mean pooling: {cost['pool_ms_per_input']:.4f} ms per input against "
-            f"{cost['model_ms_per_input']:.2f} for tokenizer + model ({out['pooling_cost']:.2%})",
-            flush=True,
-        )
     return out
 
 
@@ -198,12 +169,12 @@ async def serve_points(
     """Closed levels, then the paired rounds, against the running server. Only the one-client
     rounds need the event loop; the rest blocks it, with nothing else running."""
     names = common.thread_names(srv)
-    bodies = [case.body(t) for t in texts]
+    bodies = [common.json_body(t) for t in texts]
 
     def point(n: int, seconds: float) -> dict[str, Any]:
-        return common.wrk_point(srv, bodies, n, seconds, names, args, path=case.path)
+        return common.wrk_point(srv, bodies, n, seconds, names, args)
 
-    wrk.run(srv.base + case.path, bodies, 8, 2)  # warm up
+    wrk.run(srv.base + "/", bodies, 8, 2)  # warm up
     closed = {}
     for n in args.short_levels:
         closed[n] = p = point(n, args.short_seconds)
@@ -214,53 +185,27 @@ async def serve_points(
             f"{p['other_cpu']:.0%})",
             flush=True,
         )
-    reqs = [
-        client.Request("POST", case.path, body, (("Content-Type", common.JSON),)) for body in bodies
-    ]
+    reqs = [client.Request("POST", "/", body, (("Content-Type", common.JSON),)) for body in bodies]
     best = int(limit["best_batch_size"])
-    paired: dict[int, list[dict[str, Any]]] = {n: [] for n in args.short_paired_levels}
-    one_client = []
-    for rnd in range(1, args.short_rounds + 1):
-        one = await split.one_client_in_turn(srv.base, reqs, worker, args.short_one_client)
-        one_client.append({**one, "round": rnd})
-        print(
-            f"  round {rnd}: one client p50 {one['p50_ms']:.1f} ms, direct call "
-            f"{one['single_p50_ms']:.1f} ms",
-            flush=True,
-        )
-        before, before_other = common.limit_b(worker, best, args, pooling=case.pooling)
-        for n in args.short_paired_levels:
-            offset = srv.log.stat().st_size
-            p = point(n, args.short_paired_seconds)
-            alone = split.batches_alone(srv.log, offset, worker)
-            after, after_other = common.limit_b(worker, best, args, pooling=case.pooling)
-            ratio = p["ok_per_s"] / statistics.fmean((before, after))
-            over_alone = p["ok_per_s"] / alone["alone_inputs_per_s"] if alone else float("nan")
-            paired[n].append(
-                {
-                    **p,
-                    "round": rnd,
-                    "limit_b_before": before,
-                    "limit_b_after": after,
-                    "limit_other_cpu": max(before_other, after_other),
-                    "ratio": ratio,
-                    "over_alone": over_alone,
-                    **alone,
-                }
-            )
-            print(
-                f"  round {rnd}: limit (b) {before:.0f}, {n} clients {p['ok_per_s']:.0f}, "
-                f"limit (b) {after:.0f}: ratio {ratio:.2f}; its batches alone "
-                f"{alone.get('alone_inputs_per_s', float('nan')):.0f}/s (server / alone "
-                f"{over_alone:.2f}), busy {alone.get('busy', float('nan')):.0%}",
-                flush=True,
-            )
-            before, before_other = after, after_other
+
+    async def paired_point(n: int) -> dict[str, Any]:
+        got = point(n, args.short_paired_seconds)  # wrk: blocks the loop, nothing else runs
+        return {**got, "inputs_per_s": got["ok_per_s"]}  # one input a request
+
+    paired, one_client = await split.paired_rounds(
+        args.short_rounds,
+        args.short_paired_levels,
+        lambda: common.limit_b(worker, best, args, pooling=case.pooling),
+        lambda: split.one_client_in_turn(srv.base, reqs, worker, args.short_one_client),
+        paired_point,
+        srv.log,
+        worker,
+    )
     return {"closed": closed, "paired": paired, "one_client": one_client}
 
 
 def summarize(res: dict[str, Any]) -> dict[str, float]:
-    """The issue's figures: medians over rounds."""
+    """The targets' figures: medians over rounds."""
     out: dict[str, float] = {}
     for n, points in res["paired"].items():
         out[f"ratio_at_{n}"] = common.median(p["ratio"] for p in points)
@@ -301,17 +246,9 @@ def _case_table(name: str, res: dict[str, Any]) -> list[str]:
         + " |",
         "",
     ]
-    if "pooling_cost" in lim:
-        cost = lim["pooling"]
-        lines += [
-            f"Mean pooling (timed alone, at the best batch size): {cost['pool_ms_per_input']:.4f}"
-            f" ms per input against {cost['model_ms_per_input']:.2f} ms for tokenizer + model "
-            f"({lim['pooling_cost']:.2%}).",
-            "",
-        ]
     lines += [
         f"| clients | inputs/s | p50 ms | p95 ms | p99 ms | non-200 | {common.CPU_HEAD} |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "|" + " --- |" * 10,
     ]
     for n, p in res["closed"].items():
         lines.append(

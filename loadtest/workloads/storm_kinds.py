@@ -1,4 +1,4 @@
-"""The storms of ``loadtest.workloads.storm`` (issue 24): what the clients send, how many
+"""The storms of ``loadtest.workloads.storm``: what the clients send, how many
 connections carry it, closed or open loop; and the probes and metrics watched beside each.
 
 | kind | clients | requests |
@@ -10,10 +10,8 @@ connections carry it, closed or open loop; and the probes and metrics watched be
 | ``open4x`` | open loop (``rawhttp``), 4x the polite capacity (config A's) | one sentence |
 
 A proxy's pool is a storm only when its requests hold more inputs than the queue: 64
-connections of two inputs each (128) against ``MAX_QUEUE_SIZE=64``, each connection's next
-request another client's. Inputs are word windows of the corpus's sentences outside the
-Gettysburg Address (the ``same`` body), 4-40 words (:func:`held_out_texts`). Capacity, the
-yardstick, is measured per body set.
+connections of two inputs each (128) against ``MAX_QUEUE_SIZE=64``. Inputs are word windows of
+the corpus outside the ``same`` body (:func:`held_out_texts`). Capacity is measured per body set.
 """
 
 from __future__ import annotations
@@ -68,9 +66,8 @@ WATCHED = {
 
 def held_out_texts(first_storm_sentence: str, n: int = BODY_COUNT) -> list[str]:
     """``n`` different inputs: word windows (4-40 words, never past a sentence's end) of the
-    corpus's sentences outside the three of the ``same`` body, drawn with seed 0. The corpus
-    has about 70 sentences; windows of them give thousands of distinct inputs of varying
-    length, as documents of an indexing job would be."""
+    corpus's sentences outside the three of the ``same`` body, drawn with seed 0: thousands of
+    distinct inputs of varying length, as documents of an indexing job would be."""
     sents = corpus.sentences()
     start = sents.index(first_storm_sentence)
     words = [s.split() for i, s in enumerate(sents) if not start <= i < start + 3]
@@ -104,8 +101,7 @@ async def open_loop(
     srv: servers.Served, bodies: list[bytes], rate_per_s: float, seconds: float
 ) -> dict[str, Any]:
     """Arrivals at ``rate_per_s`` whatever the answers do; 200s/s. The raw client
-    (``rawhttp.open_loop``): aiohttp's took 0.33 cores of the 2 here at 4x capacity (about
-    730 arrivals/s), a sixth of the machine the server then lacked."""
+    (``rawhttp.open_loop``): aiohttp's costs the shared cores several times as much."""
     reqs = [client.Request("POST", "/", b, (("Content-Type", common.JSON),)) for b in bodies]
     result = await rawhttp.open_loop(srv.base, reqs, rate_per_s, seconds, OPEN_MAX_IN_FLIGHT)
     summary = result.summary()

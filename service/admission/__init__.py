@@ -1,2 +1,3 @@
-"""Admission: what the edge and the app decide before any work (the shed budget, the refusals the
-edge answers itself)."""
+"""Admission: what is admitted, held, shed or refused before any work. One policy object per
+server (`policy.AdmissionPolicy`) that the edge and the app call; the tarpit, the shed budget,
+the API key check and the refusals the edge answers itself are its parts."""

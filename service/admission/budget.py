@@ -1,18 +1,18 @@
-"""A budget for sheds: the share of the event loop's CPU that answering 503s may take (issue 24).
+"""A budget for sheds: the share of the event loop's CPU that answering 503s may take.
 
 Each shed is cheap, but thousands a second still take the loop's core, and on a small machine
-that comes out of the model: goodput falls whatever the tarpit (`service.http.shed_gate`)
-recognises as a
-retry. The budget bounds what shedding may cost rather than guessing which requests are retries.
+that comes out of the model: goodput falls however well the tarpit recognises retries. The
+budget bounds what shedding may cost rather than guessing which requests are retries.
 
 The rule
 - A token bucket of loop CPU seconds, refilled at `SHED_BUDGET_SHARE` seconds per second
-  (default 0.05: a twentieth of one core) up to `_BURST_S` (20 ms: a burst of sheds is
-  answered at once). Every 503 is charged what it cost the loop thread (`time.thread_time`):
-  a shed the HTTP edge writes from the read that brought its head, one the app answers (inputs
-  counted past the queue's room, a held retry) from when the app began; at least `_MIN_CHARGE_S`
-  (0.25 ms), since the loop's reads, polls and task switches fall outside what is measured, and
-  at most `_MAX_CHARGE_S` (2 ms), since other requests' work runs between the app's awaits.
+  (default 0.05: a twentieth of one core) up to `_BURST_S` (a burst of sheds is answered at
+  once). Every 503 is charged what it cost the loop thread (`time.thread_time`): a shed the
+  HTTP edge writes from the read that brought its head, one the app answers from when the app
+  began; at least `_MIN_CHARGE_S`, since the loop's reads, polls and task switches fall outside
+  what is measured, and at most `_MAX_CHARGE_S`, since other requests' work runs between the
+  app's awaits. Charges stop at one burst of debt, so that a flood of first requests cannot
+  hold the rest for longer than about one burst's refill.
 - While the bucket is empty, a `POST` for model work on a connection whose last answer was a
   503 less than its Retry-After ago (a client that did not wait) is not answered: its
   connection stops being read (`pause_reading`; the kernel's socket buffers and the client's
@@ -21,31 +21,20 @@ The rule
   inputs over the inputs of a usual request, none while a usual request due by the oldest's
   deadline would be shed for its predicted wait; looked at every `_ROOM_TICK_S`), or when they
   have waited their longest hold or their deadline passes, room or not: each is decided again
-  with the deadline it has left (admitted if its inputs fit by then, else shed, and charged),
+  with the deadline it has left (admitted if its inputs fit by then, else shed and charged),
   and its connection is read again. A refilled bucket releases nothing by itself: while the
   queue is full a released request could only be shed, and its client would send the next at
-  once. A storm's connections thus wait, unread, in arrival order, where each shed used to cost
-  the loop (the A/B in docs/overload.md: sheds 390 a second instead of 630-750, goodput up by
-  20-40% in the differing-requests storms, at a share of 0.1).
-- The longest hold is `_MAX_HOLD_S` (1 s), doubled for each of the connection's held requests
-  before it that ended shed, one after another, up to 4 s (`longest_hold`); a request admitted,
-  or one after a polite wait, starts it at 1 s again. Under an open loop at 4x capacity this
-  cut sheds by a quarter and raised goodput by a fifth (docs/overload.md); in the closed-loop
-  storms the share bounds the sheds either way.
+  once. A storm's connections thus wait, unread, in arrival order.
+- The longest hold is `_MAX_HOLD_S`, doubled for each of the connection's held requests before
+  it that ended shed, one after another, up to 4 s (`longest_hold`); a request admitted, or one
+  after a polite wait, starts it again at `_MAX_HOLD_S`.
 - Never held: a connection's first request and any request after a polite wait (so a polite
   client's first shed, and a proxy's pooled connection at moderate overload, are answered at
   once: the bucket only runs dry when sheds come faster than `SHED_BUDGET_SHARE` allows);
   `GET`s (`/livez`, `/readyz`, `/metrics` never wait here).
-  Charges stop at one burst of debt, so that a flood of first requests cannot hold the rest for
-  longer than about one burst's refill.
 
-`SHED_BUDGET_SHARE=0` turns it off (the A/B in `loadtest/workloads/storm.py`). Defaults: the
-share (0.05) won that workload's A/B against 0.1 in two runs (sheds halved, goodput summed over
-the storm kinds 3% higher; docs/overload.md gives the tables and command); the burst (20 ms) is
-a round figure checked, not tuned; the minimum charge is the loop's cost per
-request it measured; the first hold's 1 s is the shortest Retry-After a shed carries, which a
-polite client would have waited anyway; the longest (4 s) stays under httpx's default 5 s
-timeout, the shortest of the usual Python clients'.
+`SHED_BUDGET_SHARE=0` turns it off. docs/overload.md gives the figures behind the defaults and
+how to measure them.
 
 Metrics: `pipeline_server_shed_cpu_seconds_total` (what sheds cost the loop),
 `pipeline_server_shed_held_total{outcome}` (held requests, by how they ended) and
@@ -64,7 +53,9 @@ from typing import NamedTuple
 from service import metrics
 
 _BURST_S = 0.02  # loop CPU seconds the bucket holds when full (and the most debt it keeps)
-_MAX_HOLD_S = 1.0  # a held request waits at most this long (or to its deadline), budget or not
+# A held request waits at most this long (or to its deadline), budget or not: the shortest
+# Retry-After a shed carries, which a polite client would have waited anyway.
+_MAX_HOLD_S = 1.0
 # A connection whose held requests keep ending shed is held longer each time: 1, 2, then 4 s
 # (`longest_hold`), staying under the 5 s default timeout of httpx, the shortest of the usual
 # Python clients, so that a held client gets its answer rather than timing out.
@@ -73,15 +64,12 @@ _MIN_TICK_S = 0.002  # the release timer never fires sooner than this after the 
 # How often the queue is looked at for room while requests are held (a batch frees room every
 # few tens of ms; a look costs the loop a few microseconds).
 _ROOM_TICK_S = 0.005
-# The least a shed is charged. What is measured (from the read to the written answer) leaves
-# out the loop's reads, polls and task switches: the storm workload measured about 50 us
-# charged per shed where the loop spent 0.14-0.27 ms per request in all (docs/benchmarks.md).
+# The least a shed is charged: what is measured (from the read to the written answer) leaves
+# out the loop's reads, polls and task switches, which a request costs too.
 _MIN_CHARGE_S = 0.00025
 # The most one is charged: on the app's path the loop runs other requests' work between the
 # measure's two ends (each await), which is not this shed's.
 _MAX_CHARGE_S = 0.002
-# a request's state: the loop's CPU clock as the app began
-CPU_AT = "service.admission.budget.cpu_at"
 
 
 def longest_hold(shed_after_holds: int) -> float:
@@ -136,11 +124,6 @@ class ShedBudget:
         self._held.append(_Held(release, latest, deadline))
         metrics.READS_PAUSED.set(len(self._held))
         self._schedule()
-
-    @property
-    def holding(self) -> int:
-        """Requests held now (each one connection not read)."""
-        return len(self._held)
 
     def _refill(self) -> float:
         now = time.monotonic()

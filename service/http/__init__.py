@@ -1,2 +1,3 @@
-"""The HTTP edge: connections, framing and head limits (`edge`, `framing`), shedding from the
-request head (`shed_gate`), and the request context (`context`)."""
+"""The HTTP edge: connections, framing and head limits (`bounded`, `framing`, `head_deadline`),
+admission from the request head (`edge`, asking `service.admission`), the admission policy's
+gate in the app (`gate`), and the request context (`context`)."""

@@ -1,8 +1,8 @@
 """The request context: an id per request, one log line and the request metrics per answer.
 
 `RequestContext` does it for every request that reaches the app; `service.http.edge` answers the
-sheds it decides from the head (`service.http.shed_gate`) without the app, and uses the same pieces
-(`request_id`, `record`), so a shed looks the same in the log and the metrics either way.
+sheds decided from the head without the app, and uses the same pieces (`request_id`, `record`),
+so a shed looks the same in the log and the metrics either way.
 """
 
 from __future__ import annotations

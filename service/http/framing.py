@@ -1,6 +1,6 @@
 """Where each request of an HTTP/1.1 byte stream begins and ends (RFC 9112 §6.3, §7.1).
 
-The edge (`service/http/edge.py`) measures every request head before llhttp parses it: llhttp has
+The edge (`service/http/bounded.py`) measures every request head before llhttp parses it: llhttp has
 no size limit of its own and its callbacks carry no offsets, so the edge cuts the stream into
 heads and bodies itself and feeds llhttp one part at a time. The framer only finds the cuts;
 llhttp still validates every byte, and the edge checks that llhttp ended each head and each

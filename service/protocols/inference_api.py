@@ -1,7 +1,8 @@
 """The Hugging Face Inference API on `POST /`: the task specs' request and answer shapes, as
 `huggingface_hub`'s InferenceClient sends and reads them (`shared/specs/hf-tasks`).
 
-Where the spec and the client disagree, the client wins (README, "Using it"):
+Where the spec and the client disagree, the client wins (docs/api.md, "Where a spec and the
+client disagree"):
 - text-classification answers one list of `{label, score}` per input (a single string: a list
   holding one list), every label highest first unless `top_k` is given: the client reads
   `response[0]` as the list of labels;

@@ -30,7 +30,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     *openai.ENDPOINTS,
 )
 #: Routes that submit model work: admission sheds them before the body is read
-#: (`service.http.shed_gate`).
+#: (`service.admission.policy`).
 INFERENCE_PATHS = frozenset({"/", *(e.path for e in ENDPOINTS)})
 
 

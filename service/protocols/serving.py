@@ -8,7 +8,6 @@ and `job.finish` turns their answers into the JSON response.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.admission.api_key import authorized
 from service.engine.jobs import Job, Op
 from service.engine.types import ModelInfo, Output
 from service.errors import Unauthorized, WrongTask
@@ -87,12 +87,9 @@ def runtime_of(request: Request) -> Runtime:
 
 
 def require_api_key(request: Request) -> None:
-    """401 unless API_KEY is unset or `Authorization: Bearer <key>` matches (constant time)."""
-    key = runtime_of(request).settings.api_key
-    if key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    """401 unless API_KEY is unset or `Authorization: Bearer <key>` matches
+    (`service.admission.api_key`)."""
+    if not authorized(request.scope["headers"], runtime_of(request).settings.api_key):
         raise Unauthorized(
             "missing or wrong API key: send Authorization: Bearer <key>",
             headers={"WWW-Authenticate": "Bearer"},

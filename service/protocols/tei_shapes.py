@@ -22,7 +22,7 @@
 An input is a string or a list of token ids (used as given: no special tokens are added). A
 route the model cannot serve answers 424 naming its task (TEI's status); `/rerank` on a
 classifier with several labels too (TEI: "model is not a re-ranker model"). Where we differ
-from TEI (README, "TEI and OpenAI compatibility"): our error statuses and body (an empty input
+from TEI (docs/api.md, "Where we differ from TEI"): our error statuses and body (an empty input
 is 422 where TEI says 400; overload is 503 + Retry-After where TEI says 429), and unknown
 fields are refused (422) where TEI ignores them.
 

@@ -35,7 +35,6 @@ from service.errors import (
     Draining,
     NotReady,
     ServiceError,
-    Unavailable,
 )
 from service.runtime.body import read_body
 from service.settings import Settings
@@ -148,7 +147,7 @@ class Runtime:
 
     def deadline(self, request: Request) -> float:
         """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it,
-        from the request's arrival (a held retry counts its hold, `service.http.shed_gate`)."""
+        from the request's arrival (a held request counts its hold: `service.admission.policy`)."""
         timeout = self.timeout(request.headers.get("x-request-timeout"))
         if timeout is None:
             raise BadRequest("X-Request-Timeout must be a positive number of seconds")
@@ -164,20 +163,6 @@ class Runtime:
         if not _SECONDS.fullmatch(text.strip()) or not float(text) > 0:
             return None
         return min(self.settings.request_timeout_s, float(text))
-
-    def refusal(self, scope: Scope, asked_timeout: bytes | None) -> Unavailable | None:
-        """Why a request for model work must be answered 503 from its head alone, or None:
-        draining, not ready, or admission would refuse one input (`WorkQueue.refusal`); None
-        also for a bad timeout (its route answers 400)."""
-        try:
-            self.model_info()
-        except Unavailable as exc:
-            return exc
-        timeout = self.timeout(asked_timeout)
-        if timeout is None:
-            return None
-        batcher = self.batcher
-        return batcher.queue.refusal(1, arrival(scope) + timeout, batcher.estimate)
 
     async def receive(self, request: Request, deadline: float) -> bytes:
         """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's
@@ -260,29 +245,30 @@ class Runtime:
             drain_over.remove_done_callback(on_drain)
         failed = _first_failure(items)
         if failed is not None:  # one input failed: the request is over,
-            self._abandon(items, "request_failed")  # so its other inputs cost nothing
+            _abandon(items, "request_failed")  # so its other inputs cost nothing
             _name_the_input(items, failed, paths)
             raise failed
         if why != "gone" and all(i.future.done() for i in items):
             return [i.future.result() for i in items]  # answered, even if at the last moment
-        reason, error = self._why_stopped(why == "gone", why == "drain")
-        self._abandon(items, reason)
+        reason, error = _why_stopped(why == "gone", why == "drain")
+        _abandon(items, reason)
         raise error
 
-    @staticmethod
-    def _abandon(items: list[Item], reason: str) -> None:
-        """Cancel the inputs now (synchronously, so the thread skips any still queued)."""
-        for item in items:
-            item.cancel_reason = reason
-            if not item.future.cancel() and not item.future.done() and reason == "deadline":
-                metrics.EXPIRED.labels("running").inc()  # too late to skip: its batch runs
 
-    def _why_stopped(self, client_gone: bool, drain_over: bool) -> tuple[str, Exception]:
-        if client_gone:
-            return "client_disconnect", ClientGone()
-        if drain_over:
-            return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
-        return "deadline", DeadlineExceeded("the request deadline passed before its answer")
+def _abandon(items: list[Item], reason: str) -> None:
+    """Cancel the inputs now (synchronously, so the thread skips any still queued)."""
+    for item in items:
+        item.cancel_reason = reason
+        if not item.future.cancel() and not item.future.done() and reason == "deadline":
+            metrics.EXPIRED.labels("running").inc()  # too late to skip: its batch runs
+
+
+def _why_stopped(client_gone: bool, drain_over: bool) -> tuple[str, Exception]:
+    if client_gone:
+        return "client_disconnect", ClientGone()
+    if drain_over:
+        return "drain_timeout", Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+    return "deadline", DeadlineExceeded("the request deadline passed before its answer")
 
 
 class _Waiter:
@@ -341,4 +327,4 @@ async def _watch_disconnect(request: Request, waiter: _Waiter) -> None:
             return
 
 
-__all__ = ["ClientGone", "Runtime", "ServiceError"]
+__all__ = ["ClientGone", "Runtime", "arrival"]

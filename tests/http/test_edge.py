@@ -1,4 +1,4 @@
-"""The HTTP edge (issue 14) on the real server, with raw sockets: exact head bound, head
+"""The HTTP edge on the real server, with raw sockets: exact head bound, head
 deadline, connection bound, RFC 9112 refusals, the refusal metric, one worker throughout.
 
 One server for the module (REQUEST_HEAD_TIMEOUT_S=1, MAX_CONNECTIONS=20, the default 64 KiB
@@ -391,8 +391,8 @@ def test_refusals_are_logged_at_most_once_a_second_per_reason(server: ServerProc
 
 # -- bodies over MAX_BODY_BYTES (1 MiB here): the 413 reaches a client still sending -------------
 BODY_LIMIT = 1024 * 1024
-LINGER_S = 2.0  # service.http.edge._LINGER_S
-LINGER_BYTES = 4 * BODY_LIMIT  # service.http.edge._LINGER_BODIES bodies
+LINGER_S = 2.0  # service.http.bounded._LINGER_S
+LINGER_BYTES = 4 * BODY_LIMIT  # service.http.bounded._LINGER_BODIES bodies
 
 
 def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(
@@ -460,6 +460,46 @@ def test_the_linger_after_a_413_is_bounded_in_bytes(server: ServerProcess) -> No
         closed_after = time.monotonic() - started
     assert LINGER_BYTES <= sent < declared / 2
     assert closed_after < LINGER_S - 0.5
+
+
+def _shed_cpu_s(server: ServerProcess) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    match = re.search(r"^pipeline_server_shed_cpu_seconds_total (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_the_worker_binds_the_edge_to_the_apps_admission_policy(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Under gunicorn the edge decides with the app's admission policy: while the model loads, a
+    POST gets its 503 from the head and what it cost is charged to the shed budget; so is the
+    503 the app's gate gives a request through a proxy (X-Forwarded-For), which the edge hands
+    over to the app. An edge without the policy would leave both to the app, uncharged."""
+    env = {
+        "MODEL_ID": str(tiny_models["text-classification"]),
+        "MODEL_LOAD_DELAY_S": "6",
+        "TORCH_NUM_THREADS": "1",
+    }
+    server = ServerProcess(env, tmp_path / "server.log")
+    try:
+        until = time.monotonic() + 60
+        while not _eventually_ok(server, "/livez"):  # listening, the model still loading
+            assert time.monotonic() < until, server.log()
+        assert server.get("/readyz").status_code == 503
+        before = _shed_cpu_s(server)
+        at_edge = server.post(content="a good sentence")
+        charged_at_edge = _shed_cpu_s(server)
+        proxied = server.post(content="a good sentence", headers={"X-Forwarded-For": "10.1.2.3"})
+        charged_in_app = _shed_cpu_s(server)
+        assert server.get("/readyz").status_code == 503, "loaded too soon for this test"
+    finally:
+        server.terminate()
+    for answer in (at_edge, proxied):
+        assert answer.status_code == 503 and answer.json()["error_type"] == "not_ready"
+    assert before == 0.0
+    # one shed each, charged `budget._MIN_CHARGE_S` to `_MAX_CHARGE_S`
+    assert 0.00025 - 1e-9 <= charged_at_edge - before <= 0.002 + 1e-9
+    assert 0.00025 - 1e-9 <= charged_in_app - charged_at_edge <= 0.002 + 1e-9
 
 
 def test_one_worker_served_it_all(server: ServerProcess) -> None:

@@ -1,4 +1,4 @@
-"""Shedding from the request head (issues 13, 14): a shed is decided before the body is read,
+"""Shedding from the request head: a shed is decided before the body is read,
 a connection that retries before its Retry-After is held until then, and a first shed or a
 polite retry is answered at once.
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from inprocess import Recorder, Served, http_post, raw_request, read_answer, sample, serve
 
-from service.http.shed_gate import ShedGate
+from service.admission.policy import AdmissionPolicy
 from service.settings import Settings
 
 QUEUE = 4
@@ -188,16 +188,17 @@ def test_another_request_on_the_same_connection_is_not_held(full: Full) -> None:
 
 @pytest.fixture
 def through_app(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The request ids of the sheds answered by the app's path (`ShedGate._answer`), in order;
-    a shed the edge writes itself never gets there."""
+    """The request ids of the sheds answered by the app's gate (`AdmissionPolicy.shed` with
+    `in_app`), in order; a shed the edge writes itself never gets there."""
     ids: list[str] = []
-    app_answer = ShedGate._answer
+    shed = AdmissionPolicy.shed
 
-    async def answer(self: ShedGate, scope: Any, *args: Any) -> None:
-        ids.append(scope["state"]["request_id"])
-        await app_answer(self, scope, *args)
+    def recording(self: AdmissionPolicy, scope: Any, *args: Any, in_app: bool) -> Any:
+        if in_app:
+            ids.append(scope["state"]["request_id"])
+        return shed(self, scope, *args, in_app=in_app)
 
-    monkeypatch.setattr(ShedGate, "_answer", answer)
+    monkeypatch.setattr(AdmissionPolicy, "shed", recording)
     return ids
 
 
@@ -258,3 +259,32 @@ def test_requests_in_one_write_are_answered_in_order(full: Full, through_app: li
         assert edge == [(503, "e-1"), (503, "ee-2"), (503, "eee-3")]
         assert pipelined == [(200, "probe"), (503, "q-1"), (503, "qq-2")]
         assert through_app == ["q-1", "qq-2"]
+
+
+def test_only_a_request_with_the_api_key_is_shed_from_its_head(
+    full: Full, through_app: list[str]
+) -> None:
+    """With API_KEY set, the head sheds only the requests that carry it, by the routes' own
+    check (`service.admission.api_key`): at a full queue a request with the key gets its 503
+    from the edge; one without it, or with a wrong one, gets the route's 401; none is queued."""
+    key = {"Authorization": "Bearer s3cret"}
+    asks = [key, {}, {"Authorization": "Bearer wrong"}, {"Authorization": "bearer s3cret"}]
+
+    async def scenario(url: str) -> list[tuple[int, dict[str, str], bytes]]:
+        held = asyncio.create_task(_exchange(url, http_post("held", **key)))
+        await asyncio.sleep(0.3)
+        body = json.dumps({"inputs": [f"queued {i}" for i in range(QUEUE)]})
+        queued = asyncio.create_task(_exchange(url, http_post(body, "application/json", **key)))
+        await asyncio.sleep(0.3)
+        answers = [await _exchange(url, http_post("ask", **headers)) for headers in asks]
+        for task in (held, queued):
+            task.cancel()
+        return answers
+
+    with full(api_key="s3cret") as (served, recorder):
+        answers = asyncio.run(asyncio.wait_for(scenario(served.url), 30))
+        assert [status for status, _, _ in answers] == [503, 401, 401, 503]
+        assert answers[1][1]["www-authenticate"] == "Bearer"
+        assert json.loads(answers[2][2])["error_type"] == "unauthorized"
+        assert through_app == []  # both 503s were written by the edge
+        assert "ask" not in recorder.ran

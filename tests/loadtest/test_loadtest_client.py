@@ -72,18 +72,6 @@ def test_open_loop_sends_at_its_rate_and_drops_beyond_max_in_flight(
     assert len(crowded.answers) >= 5 and set(crowded.statuses()) <= {200, 503}
 
 
-def test_probe_stops_when_told() -> None:
-    async def run(base: str) -> list[float]:
-        stop = asyncio.Event()
-        task = asyncio.create_task(client.probe(base, stop, interval_s=0.01))
-        await asyncio.sleep(0.3)
-        stop.set()
-        return await task
-
-    latencies = asyncio.run(_with_stub(0.0, run))
-    assert 5 < len(latencies) < 40 and all(lat < 0.2 for lat in latencies)
-
-
 def test_the_raw_client_reads_statuses_headers_and_bodies_on_one_connection() -> None:
     """`loadtest.rawhttp` (the burst's client): the stub's answers in order on one keep-alive
     connection, each 503's Retry-After, and a fresh connection after the server closed one."""

@@ -42,7 +42,8 @@ def base_url() -> Iterator[str]:
         "LOG_LEVEL": "warning",
     }
     port = servers.free_port()
-    with servers.running(servers.pipeline_server_command(), port, env, ready_timeout_s=120) as url:
+    command = servers.pipeline_server_command()
+    with servers.started(command, port, env, ready_timeout_s=120) as (url, _):
         yield url
 
 

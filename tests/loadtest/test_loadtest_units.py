@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from loadtest import corpus, gate, outcomes, report, shapes
+from loadtest import client, corpus, gate, outcomes, report, shapes
 from loadtest.stats import percentile
 
 
@@ -158,8 +158,6 @@ def _result() -> dict[str, Any]:
         "server": {
             "closed": _closed(110.0),
             "floor": _closed(5000.0),
-            "probe_idle": probe,
-            "probe_saturated": probe,
             "overload": {
                 "capacity_per_s": 100.0,
                 "deadline_s": 2.0,
@@ -222,6 +220,33 @@ def test_paired_ratios_are_medians_of_points_between_their_limits() -> None:
     text = report.table(result)
     assert "| 2 | 64 clients | 45.0 | 38.0 | 35.0 | 0.95 | 43.0 | 1.10x | 97% |" in text
     assert "| 1 | 1 client, p50 ms | direct call 25.0 | 30.0 | | 1.02 of target |" in text
+
+
+def test_paired_rounds_put_each_server_point_between_two_limit_points() -> None:
+    from loadtest.split import paired_rounds
+
+    limits = iter([(100.0, 0.0), (120.0, 0.05), (80.0, 0.0), (90.0, 0.0), (110.0, 0.2), (70.0, 0)])
+    served = iter([55.0, 75.0, 50.0, 60.0])
+    asked: list[int] = []
+
+    async def one_client() -> dict[str, float]:
+        return {"p50_ms": 12.0, "single_p50_ms": 10.0}
+
+    async def point(n: int) -> dict[str, Any]:
+        asked.append(n)
+        return {"inputs_per_s": next(served), "requests": 7}
+
+    points, ones = client.run(paired_rounds(2, [8, 32], lambda: next(limits), one_client, point))
+    assert asked == [8, 32, 8, 32] and [one["round"] for one in ones] == [1, 2]
+    assert [p["round"] for p in points[8]] == [1, 2] == [p["round"] for p in points[32]]
+    # round 1: limit 100, point 55, limit 120, point 75, limit 80; round 2 starts afresh at 90
+    first, second, third = points[8][0], points[32][0], points[8][1]
+    assert (first["limit_b_before"], first["limit_b_after"]) == (100.0, 120.0)
+    assert first["ratio"] == pytest.approx(55 / 110) and first["limit_other_cpu"] == 0.05
+    assert second["limit_b_before"] == 120.0 and second["ratio"] == pytest.approx(75 / 100)
+    assert third["limit_b_before"] == 90.0 and third["ratio"] == pytest.approx(50 / 100)
+    assert third["limit_other_cpu"] == 0.2 and third["requests"] == 7
+    assert points[32][1]["ratio"] == pytest.approx(60 / 90) and math.isnan(first["over_alone"])
 
 
 def test_batches_alone_reads_the_points_batch_lines(tmp_path: Path) -> None:
@@ -304,13 +329,11 @@ def test_limit_worker_answers_in_turn_and_exits(embedded_model: Path, tmp_path: 
             small = worker.ask(op="replay", shapes=[[1, 8]])["seconds"]
             large = worker.ask(op="replay", shapes=[[16, 128], [16, 128]])["seconds"]
             pooled = worker.ask(op="b", batch_size=4, pooling="mean")["inputs_per_s"]
-            pooling = worker.ask(op="pooling", batch_size=4)
             backend = worker.ask(op="backend")  # (b)'s forward: the server's (tests/conftest.py)
         finally:
             worker.close()
     assert (backend["name"], backend["dtype"]) == ("torch", "float32")
     assert all(0 < rate < 10_000 for rate in [*passes, pooled])
-    assert 0 < pooling["pool_ms_per_input"] < pooling["model_ms_per_input"]
     assert len(calls) == 3 and all(0 < ms < 10_000 for ms in calls)
     assert 0 < small < large  # 8 tokens once against 2 x 16 x 128 padded tokens
     assert worker.proc.returncode == 0

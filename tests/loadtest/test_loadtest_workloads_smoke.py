@@ -1,5 +1,5 @@
-"""Bounded runs of the new workloads against the real server (each under about 30 s): they
-start, measure, and return the figures their tables print. Not a measurement."""
+"""Bounded runs of the workloads and studies against the real server (each under about 30 s):
+they start, measure, and return the figures their tables print. Not a measurement."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from loadtest.bench import parse_args
-from loadtest.workloads import burst, memory, storm, zero_shot
+from loadtest.experiments import burst, memory, pooled, zero_shot
+from loadtest.experiments.bench import WORKLOADS as STUDIES
+from loadtest.workloads import storm
 
 pytestmark = [
     pytest.mark.loadtest,
@@ -19,7 +21,9 @@ pytestmark = [
 
 
 def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
-    return parse_args(["--quick", "--retries", "0", "--results", str(tmp_path), *extra])
+    study = extra[extra.index("--only") + 1] in STUDIES
+    argv = ["--quick", "--retries", "0", "--results", str(tmp_path), *extra]
+    return parse_args(argv, STUDIES) if study else parse_args(argv)
 
 
 def test_burst_sheds_and_probes(tmp_path: Path) -> None:
@@ -68,3 +72,13 @@ def test_zero_shot_measures_each_label_count(tmp_path: Path) -> None:
         assert point["load"]["statuses"] == {} or set(point["load"]["statuses"]) == {200}
         assert point["load"]["pairs_per_s"] == pytest.approx(point["load"]["ok_per_s"] * k)
     assert "| 4 |" in zero_shot.table(res)
+
+
+def test_pooled_answers_beside_token_rows(tmp_path: Path) -> None:
+    extra = ["--pooled-inputs", "16", "--pooled-levels", "1,4", "--pooled-seconds", "2"]
+    res = pooled.run(_args(tmp_path, "--only", "pooled", *extra))
+    for answer in ("token rows", "pooled"):
+        points = res["answers"][answer]
+        assert set(points) == {1, 4} and all(set(p["statuses"]) <= {200} for p in points.values())
+        assert sum(p["requests"] for p in points.values()) > 0  # answered within the windows
+    assert "| 4 |" in pooled.table(res)

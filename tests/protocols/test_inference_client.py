@@ -1,4 +1,4 @@
-"""huggingface_hub's InferenceClient against the real server (issue 11), for every served task.
+"""huggingface_hub's InferenceClient against the real server, for every served task.
 
 Each answer equals the reference library's within 1e-4 (sentence-transformers for embeddings
 and similarity, a direct pipeline call for the rest), and the JSON that `POST /` answers for

@@ -1,5 +1,5 @@
 """Client disconnect: a request whose client has gone is cancelled, and its queued inputs never
-reach the pipeline (issue 3). In-process under uvicorn, so the connection really closes and the
+reach the pipeline. In-process under uvicorn, so the connection really closes and the
 server sees the ASGI `http.disconnect`; a recording engine shows what ran."""
 
 from __future__ import annotations

@@ -116,9 +116,9 @@ class WorkQueue:
         Full queue, or a predicted wait past the deadline: shedding happens before any work
         (TEI's `try_acquire_permit`), so a request that would wait past its deadline is
         refused now instead of expiring in the queue (counted when answered: `errors.shed`
-        reasons). Called by `offer` under the lock, and from the request head
-        (`service.http.shed_gate`) without it: a stale read there only decides one request a
-        batch late, and `offer` decides again."""
+        reasons). Called by `offer` under the lock, and by the admission policy from the
+        request head (`service.admission.policy`) without it: a stale read there only decides
+        one request a batch late, and `offer` decides again."""
         depth = self._depth
         if depth + n > self.capacity:
             return Overloaded(

@@ -1,7 +1,7 @@
 """A burst of 160 requests at once against a busy server: how fast are sheds and /livez?
 
-``python -m loadtest.bench --only burst`` (about 1.5 minutes). The server runs the default
-model with ``MAX_QUEUE_SIZE=8`` (and ``MAX_CLIENT_BATCH_SIZE=8``, which must not exceed it).
+``python -m loadtest.experiments.bench --only burst`` (about 1.5 minutes). The server runs the
+default model with ``MAX_QUEUE_SIZE=8`` (and ``MAX_CLIENT_BATCH_SIZE=8``, which must not exceed it).
 Every request goes on its own keep-alive connection, opened beforehand: 168 connections
 (``loadtest.rawhttp``: each request's bytes built once, so a POST costs the client what a GET
 does; ``--burst-client aiohttp`` for the general client, which costs more per request and more
@@ -19,8 +19,8 @@ for a POST). ``--burst-count`` rounds (default 10), each of:
 Each floor is measured seconds before its burst, so the machine's drift weighs on both alike.
 Latency is from the burst's launch to each answer read, in milliseconds, so the floor and the
 burst are timed the same way; the client's garbage collector is off during each burst (see
-:func:`burst`). Targets (issue 13): shed p95 within 10 ms of the floor's p95;
-/livez during the burst p95 within 20 ms of it.
+:func:`burst`). Targets: shed p95 within 10 ms of the floor's p95; /livez during the burst
+p95 within 20 ms of it.
 """
 
 from __future__ import annotations
@@ -116,9 +116,9 @@ async def burst(
     """Send ``requests[i]`` with ``senders[i]``, all at once; (path, status, ms from launch).
 
     The client's own garbage collector is off during the burst: this process holds a
-    tokenizer (the corpus), and a full collection here paused the client for about 200 ms in
-    some bursts, the idle floor included (p95 25 to 225 ms run to run), which would be read as
-    the server's latency. :func:`measure` also freezes what was allocated before it starts."""
+    tokenizer (the corpus), and a full collection can pause the client for a large part of a
+    burst, which would be read as the server's latency. :func:`measure` also freezes what was
+    allocated before it starts."""
     gc.disable()
     try:
         return await _burst(requests, senders)

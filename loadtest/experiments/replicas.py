@@ -1,9 +1,9 @@
 """Three replicas behind HAProxy on one machine: a rolling update, a slow replica, a retry storm.
 
-``python -m loadtest.replicas`` (``make replicas``; about 5 minutes here; needs Debian's
+``python -m loadtest.experiments.replicas`` (``make replicas``; about 5 minutes here; needs Debian's
 ``haproxy``). Every replica is the real server (``pipeline-server``, one gunicorn worker,
 ``TORCH_NUM_THREADS=1``) with the embedded all-MiniLM-L6-v2 model on a free 127.0.0.1 port;
-HAProxy health-checks ``/readyz`` (``loadtest.haproxy``). The client is aiohttp, sending
+HAProxy health-checks ``/readyz`` (``loadtest.experiments.haproxy``). The client is aiohttp, sending
 ``POST /v1/embeddings`` (one short sentence each), bounded in count and time.
 
 Scenarios, in order (rates are shares of the measured ``capacity``):
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest import haproxy
+from loadtest.experiments import haproxy
 from loadtest.servers import HOST, free_port, pipeline_server_command, stop, wait_ready
 
 P95_FACTOR = 3.0  # slow replica, leastconn: p95 at most this times the healthy run's

@@ -1,9 +1,9 @@
 """Where the server's CPU goes per request: the loop, the inference thread, torch's pool, the GIL.
 
-``python -m loadtest.bench --only cpu`` (about 2 minutes). For each model (the default one,
-answering token rows: large answers; the MiniLM classifier, answering labels: small ones) and
-each input set (short: about 42 tokens; mixed: about 97), one wrk point at ``--cpu-clients``
-(32) with:
+``python -m loadtest.experiments.bench --only cpu`` (about 2 minutes). For each model (the
+default one, answering token rows: large answers; the MiniLM classifier, answering labels: small
+ones) and each input set (short: about 42 tokens; mixed: about 97), one wrk point at
+``--cpu-clients`` (32) with:
 
 - the worker's per-thread CPU (``loadtest.proc``): ms of CPU per request on the event loop, and
   per input in the inference thread and in torch's other OpenMP threads;
@@ -18,16 +18,24 @@ shares of a machine that is itself the bottleneck.
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtest import corpus, models, pyspy, servers, wrk
+from loadtest import corpus, models, servers, wrk
 from loadtest import limit as limit_mod
+from loadtest.experiments import pyspy
 from loadtest.workloads import common
 
 NAME = "cpu"
 RATE = 100
+# x86_64 (and arm64 for the first two: futex 98, epoll_pwait 22): the syscalls a blocked
+# event-loop thread sits in.
+_FUTEX = {"202", "98"}
+_EPOLL = {"232", "281", "441", "22"}
 
 
 def add_arguments(p: argparse._ArgumentGroup) -> None:
@@ -67,9 +75,16 @@ def gil_shares(stacks: list[pyspy.Stack], seconds: float) -> dict[str, float]:
 def point(
     srv: servers.Served, bodies: list[bytes], names: dict[int, str], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One wrk point, with py-spy's GIL record running over the same seconds."""
+    """One wrk point, with the loop's states sampled and py-spy's GIL record running over the
+    same seconds (``loop_<state>_share``, ``gil``)."""
     rec = None if args.cpu_no_gil else pyspy.Recording(srv.worker_pid, args.cpu_seconds, gil=True)
-    res = common.wrk_point(srv, bodies, args.cpu_clients, args.cpu_seconds, names, args)
+    sampler = LoopSampler(srv.worker_pid)
+    sampler.start()
+    try:
+        res = common.wrk_point(srv, bodies, args.cpu_clients, args.cpu_seconds, names, args)
+    finally:
+        states = sampler.stop()
+    res.update({f"loop_{state}_share": share for state, share in states.items()})
     if rec is not None:
         res["gil"] = gil_shares(rec.stacks(), args.cpu_seconds)
     return res
@@ -123,3 +138,58 @@ def table(result: dict[str, Any]) -> str:
             f"{r['other_cpu']:.0%} |"
         )
     return "\n".join(lines)
+
+
+class LoopSampler:
+    """Samples what the event-loop thread is doing, ``hz`` times a second, in a thread here.
+
+    ``/proc/<pid>/task/<pid>/syscall`` says ``running`` (on a CPU, or runnable), else the
+    syscall the thread is blocked in: ``epoll`` (idle, waiting for sockets or timers), ``futex``
+    (waiting for a lock: in this process almost always the GIL, which Python 3.11 waits for on
+    a condition variable; also the queue's and the log handler's locks, held briefly), or
+    ``other``. The futex share is therefore an upper bound on the time the loop had work but
+    waited for the GIL. Reading the file does not stop the thread.
+    """
+
+    def __init__(self, pid: int, hz: float = 200.0, max_samples: int = 1_000_000) -> None:
+        self.path = f"/proc/{pid}/task/{pid}/syscall"
+        self.interval, self.max_samples = 1 / hz, max_samples
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="loop-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        """Stop; each state's share of the samples (empty when none could be read)."""
+        self._stop.set()
+        self._thread.join(5)
+        total = sum(self.counts.values())
+        return {state: n / total for state, n in sorted(self.counts.items())} if total else {}
+
+    def _run(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return  # not readable here (no ptrace rights): no states
+        try:
+            while not self._stop.wait(self.interval) and self.counts.total() < self.max_samples:
+                try:
+                    first = os.pread(fd, 64, 0).split(maxsplit=1)
+                except OSError:
+                    return  # the process exited
+                self.counts[classify(first[0].decode() if first else "")] += 1
+        finally:
+            os.close(fd)
+
+
+def classify(syscall: str) -> str:
+    """The state of a thread from the first field of its ``/proc/.../syscall``."""
+    if syscall == "running":
+        return "running"
+    if syscall in _FUTEX:
+        return "futex"
+    if syscall in _EPOLL:
+        return "epoll"
+    return "other"

@@ -1,9 +1,9 @@
 """A py-spy profile of the server at 32 clients on short text-classification inputs.
 
-``python -m loadtest.bench --only profile`` (about 1 minute). The MiniLM classifier
-(``loadtest.models``) answers small label lists, so the loop's share is mostly HTTP and the
-request path, not encoding. While wrk runs, py-spy records the worker (``--nonblocking``, 100
-Hz, raw) and this prints:
+``python -m loadtest.experiments.bench --only profile`` (about 1 minute). The MiniLM
+classifier (``loadtest.models``) answers small label lists, so the loop's share is mostly HTTP
+and the request path, not encoding. While wrk runs, py-spy records the worker
+(``--nonblocking``, 100 Hz, raw) and this prints:
 
 - the loop (MainThread): the top 15 functions by self samples (the innermost Python frame:
   C code such as orjson or the socket calls counts in the Python function that called it),
@@ -23,7 +23,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from loadtest import corpus, models, pyspy, servers, wrk
+from loadtest import corpus, models, servers, wrk
+from loadtest.experiments import pyspy
 from loadtest.workloads import common
 
 NAME = "profile"

@@ -1,10 +1,10 @@
 """Zero-shot classification: what each candidate label costs.
 
-``python -m loadtest.bench --only zero_shot`` (about 3 minutes; ``--quick`` about 1). The
-model is the real MiniLM encoder with a seeded NLI head (``loadtest.models.minilm_nli``: real
-compute, untrained head); the server infers ``zero-shot-classification`` from its labels.
-Each request is one short input (8-100 tokens) with k candidate labels; every label is one
-premise/hypothesis pair, one input of the batch.
+``python -m loadtest.experiments.bench --only zero_shot`` (about 3 minutes; ``--quick`` about
+1). The model is the real MiniLM encoder with a seeded NLI head
+(:func:`minilm_nli`: real compute, untrained head); the server infers
+``zero-shot-classification`` from its labels. Each request is one short input (8-100 tokens)
+with k candidate labels; every label is one premise/hypothesis pair, one input of the batch.
 
 For each k in ``--zero-shot-labels``:
 
@@ -54,6 +54,12 @@ def finish_arguments(args: argparse.Namespace, results: Path) -> None:
         raise SystemExit(f"--zero-shot-labels: at most {len(LABELS)}")
     args.zero_shot_one_client = args.zero_shot_one_client or (12 if args.quick else 40)
     args.zero_shot_seconds = args.zero_shot_seconds or (3.0 if args.quick else 8.0)
+
+
+def minilm_nli(folder: Path = models.MODELS / "minilm-nli") -> Path:
+    """The bench's classifier with ``label2id`` {"entailment": 0, "neutral": 1,
+    "contradiction": 2}, the label names the zero-shot pipeline looks for."""
+    return models.minilm_classifier(folder, labels=("entailment", "neutral", "contradiction"))
 
 
 def body(text: str, k: int) -> bytes:
@@ -109,7 +115,7 @@ def slope(xs: list[int], ys: list[float]) -> float:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wrk.executable()
-    model = str(models.minilm_nli())
+    model = str(minilm_nli())
     texts = corpus.short_inputs(200)
     timed = texts[: args.zero_shot_one_client]
     counts = args.zero_shot_labels

@@ -1,7 +1,7 @@
 """How fast sheds and /livez are answered while the server is saturated, beside the client floor.
 
-    python -m loadtest.probe_latency                 # starts pipeline-server (embedded model)
-    python -m loadtest.probe_latency --url http://127.0.0.1:8000   # an already running server
+    python -m loadtest.experiments.probe_latency         # starts pipeline-server (embedded model)
+    python -m loadtest.experiments.probe_latency --url http://127.0.0.1:8000   # a running one
 
 A load process keeps the queue full (concurrent clients posting long inputs without pause);
 meanwhile this process, which does nothing else, probes sequentially every 10 ms:
@@ -11,7 +11,7 @@ meanwhile this process, which does nothing else, probes sequentially every 10 ms
 - the floor: the same client against a trivial aiohttp endpoint in a third process, so the
   client's own cost (and the CPU it shares with the server: 2 cores here) is known.
 All three are also measured with the server idle. Figures are from the request being on the
-wire to the whole answer read (aiohttp trace), in milliseconds. Goals (issue 3): sheds within
+wire to the whole answer read (aiohttp trace), in milliseconds. Goals: sheds within
 10 ms and /livez p99 within 20 ms of the floor.
 """
 
@@ -163,7 +163,7 @@ def _wait_http(url: str, timeout: float) -> None:
 
 def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "loadtest.probe_latency", *args],
+        [sys.executable, "-m", "loadtest.experiments.probe_latency", *args],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
     )

@@ -1,6 +1,6 @@
-"""In-process speed and quality of every backend on the short-input corpus (issue 20's table).
+"""In-process speed and quality of every backend on the short-input corpus (docs/backends.md).
 
-    python -m loadtest.backends [--n 2000] [--budget-s 20] [--out backends.json]
+    python -m loadtest.experiments.backends [--n 2000] [--budget-s 20] [--out backends.json]
 
 For each backend and dtype the server can serve (torch float32, torch bfloat16, onnxruntime
 float32, onnxruntime int8), built as the server builds it (`load_engine` with BACKEND/DTYPE):

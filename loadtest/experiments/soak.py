@@ -1,6 +1,6 @@
-"""RSS of each backend over a soak of changing batch shapes (issue 20).
+"""RSS of each backend over a soak of changing batch shapes.
 
-    python -m loadtest.soak [--minutes 10] [--interval 10] [--backends torch:float32,...]
+    python -m loadtest.experiments.soak [--minutes 10] [--interval 10] [--backends torch:float32]
 
 Each backend runs in a process of its own, built as the server builds it (`load_engine` with
 BACKEND/DTYPE; `auto` is the default server's choice, small batches routed included): batches
@@ -113,7 +113,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "loadtest.soak",
+                "loadtest.experiments.soak",
                 "--one",
                 pair,
                 "--minutes",

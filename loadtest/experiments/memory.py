@@ -1,18 +1,18 @@
 """Memory under sustained overload: does the worker's RSS level off?
 
-``python -m loadtest.bench --only memory`` (about 21 minutes; ``--minutes 2`` about 5). Two
-phases, each on a fresh server with the storm's settings (``MAX_QUEUE_SIZE=64
+``python -m loadtest.experiments.bench --only memory`` (about 21 minutes; ``--minutes 2`` about
+5). Two phases, each on a fresh server with the storm's settings (``MAX_QUEUE_SIZE=64
 REQUEST_TIMEOUT_S=2``, the 3-sentence input):
 
-- ``differing`` (issue 24): 256 wrk connections resending at once on 503, each request another
+- ``differing``: 256 wrk connections resending at once on 503, each request another
   sentence of the held-out corpus (``storm_kinds``' ``differing`` bodies), ``--minutes`` long;
 - ``overload``: open loop (aiohttp, ``loadtest.client.open_loop``) at twice the capacity of 32
   polite clients, measured first, on the same differing bodies, ``--minutes`` long (latency
   counted from each request's scheduled time);
-- ``storm`` (issue 14; not in the default phases): as ``differing``, the same body always.
+- ``storm`` (not in the default phases): as ``differing``, the same body always.
 
 The worker's RSS is sampled every ``--memory-interval`` seconds (10) from the load's start.
-Target (issue 14): RSS at the end within 5% of RSS at half time.
+Target: RSS at the end within 5% of RSS at half time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest import client, proc, servers, wrk
+import psutil  # type: ignore[import-untyped]  # no stubs unless types-psutil
+
+from loadtest import client, servers, wrk
 from loadtest.workloads import common, storm, storm_kinds
 
 NAME = "memory"
@@ -43,6 +45,11 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
 def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     args.minutes = args.minutes or (2.0 if args.quick else 10.0)
     args.memory_phases = args.memory_phases.split(",")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` now."""
+    return int(psutil.Process(pid).memory_info().rss)
 
 
 class RssSampler:
@@ -66,7 +73,7 @@ class RssSampler:
         started = time.monotonic()
         while len(self.samples) < self.max_samples:
             try:
-                self.samples.append((time.monotonic() - started, proc.rss_bytes(self.pid)))
+                self.samples.append((time.monotonic() - started, rss_bytes(self.pid)))
             except Exception:  # the process exited
                 return
             if self._stop.wait(self.interval_s):
@@ -93,7 +100,7 @@ def phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with servers.pipeline_server(env, args.results / f"{NAME}-{name}.log") as srv:
         wrk.run(srv.base + "/", [body], 8, 2)  # warm up
         cap = storm.capacity(srv, body, 5)
-        rss_start = proc.rss_bytes(srv.worker_pid)
+        rss_start = rss_bytes(srv.worker_pid)
         sampler = RssSampler(srv.worker_pid, args.memory_interval)
         sampler.start()
         try:
