@@ -23,15 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from service.engine.jobs import Counted, Op, Unit
 from service.engine.types import Prepared
-
-if TYPE_CHECKING:
-    from service.engine.forward.tokenizing import Encoded
 
 #: A window's own answer: the pooled vector (after any Dense modules), neither cut nor
 #: normalized; the input's parameters apply once, to the mean (`merge`).
@@ -75,9 +72,10 @@ def split(content: Sequence[int], limit: int, tpl: Template) -> list[list[int]]:
     ]
 
 
-def chunked(unit: Unit, windows: list[Encoded]) -> Prepared:
-    """`unit` as its windows (`Prepared.parts`, one `embed` unit each) and the `merge` of
-    their answers into its own."""
+def chunked(unit: Unit, windows: Sequence[Any]) -> Prepared:
+    """`unit` as its windows (`Prepared.parts`, one `embed` unit each; `windows`: their
+    payloads, the encoder's `Encoded`, each with its `ids`) and the `merge` of their answers
+    into its own."""
     parts = tuple(
         Prepared(
             unit=Unit(op=Op.EMBED, text=unit.text, params=WINDOW_PARAMS),
