@@ -129,3 +129,83 @@ MULTI_VECTOR_KINDS: dict[str, dict[str, Any]] = {
     # no MultiVectorMask, no Normalize, no expansion: every attended token, raw
     "plain": {"mask": None, "normalize": False, "transformer": {"document_length": 24}},
 }
+
+
+#: A chat template that renders the `query` and `document` roles (and `system`, `user`), as
+#: published rerankers ship one (`chat_template.jinja`), ending in an assistant turn to read.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </{{ m['role'] }}> "
+    "{% endfor %}<judge> yes or no ?"
+)
+
+
+def causal_backbone(folder: Path, *, chat_template: str | None = None, seed: int = 0) -> Path:
+    """A tiny Qwen3ForCausalLM (two layers, 32 wide) with the WordPiece vocabulary plus "yes"
+    and "no", and `chat_template` when given."""
+    import torch
+    from transformers import BertTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = list(dict.fromkeys([*vocabulary(), "yes", "no"]))
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(words)}, do_lower_case=True)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(folder)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(config).eval().save_pretrained(folder)
+    return folder
+
+
+def llm_reranker(
+    folder: Path,
+    *,
+    chat_template: str | None = None,
+    yes_only: bool = False,
+    max_seq_length: int | None = 160,
+    **ce_kwargs: Any,
+) -> Path:
+    """A `CrossEncoder` on a tiny causal LM, saved in `folder`: sentence-transformers' own
+    default modules (Transformer text-generation -> LogitScore(yes, no), Sigmoid), or with
+    `yes_only` a LogitScore on "yes" alone; `ce_kwargs` go to the CrossEncoder (prompts,
+    default_prompt_name)."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
+    base = causal_backbone(folder.with_name(folder.name + "-backbone"), chat_template=chat_template)
+    if yes_only:
+        transformer = Transformer(str(base), transformer_task="text-generation")
+        yes = transformer.tokenizer.convert_tokens_to_ids("yes")
+        model = CrossEncoder(
+            modules=[transformer, LogitScore(true_token_id=yes)], device="cpu", **ce_kwargs
+        )
+    else:
+        model = CrossEncoder(str(base), device="cpu", **ce_kwargs)
+    if max_seq_length is not None:
+        model.max_seq_length = max_seq_length
+    model.save(str(folder), create_model_card=False)
+    return folder
+
+
+#: The causal-LM rerankers the tests serve, by name.
+LLM_RERANKER_KINDS: dict[str, dict[str, Any]] = {
+    "pairs": {},  # no chat template: the tokenizer's pair encoding
+    "chat": {"chat_template": CHAT_TEMPLATE},
+    "chat-prompt-yes": {
+        "chat_template": CHAT_TEMPLATE,
+        "yes_only": True,
+        "prompts": {"judge": "is the document relevant to the query ?"},
+        "default_prompt_name": "judge",
+    },
+}

@@ -23,7 +23,9 @@ from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
 from service.engine.jobs import Op
+from service.engine.llm_rerank.load import causal_rerank_engine
 from service.engine.model_files import (
+    causal_reranker_config,
     config_json,
     is_splade,
     multi_vector_config,
@@ -83,6 +85,8 @@ def infer_task(model_id: str, settings: Settings) -> str:
         return task
     if is_splade(model_id, settings):  # a *ForMaskedLM model, served as sparse embeddings
         return "feature-extraction"
+    if causal_reranker_config(model_id, settings) is not None:  # a CrossEncoder on a causal LM
+        return "text-classification"
     config = config_json(model_id, settings)
     architectures = config.get("architectures") or []
     for arch in architectures:
@@ -114,6 +118,8 @@ def preflight(settings: Settings) -> None:
             multi_vector_config(model_id, settings)
         else:
             st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
+    if task == "text-classification":
+        causal_reranker_config(model_id, settings)  # UnsupportedModel names the option
     if task == "zero-shot-classification":
         label2id = config_json(model_id, settings).get("label2id") or {}
         if not any(str(label).lower().startswith("entail") for label in label2id):
@@ -161,6 +167,12 @@ def load_engine(settings: Settings) -> Engine:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if settings.dtype == "int8" or settings.backend == "onnx":
         device = "cpu"  # onnxruntime's CPU build
+    reranker = causal_reranker_config(model_id, settings) if task == "text-classification" else None
+    if reranker is not None:  # a decoder LLM scoring "yes" against "no": no pipeline
+        served = served_name(settings, model_id)
+        return causal_rerank_engine(
+            settings, model_id=model_id, served_name=served, config=reranker, device=device
+        )
     # float32: the reference every other backend and dtype is made from and checked against
     dtype = torch.float32
     multi = multi_vector_config(model_id, settings) if task == "feature-extraction" else None

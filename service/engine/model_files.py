@@ -13,6 +13,11 @@ from typing import Any
 import structlog
 
 from service.engine import st_config
+from service.engine.llm_rerank.config import (
+    RerankerConfig,
+    is_causal_reranker,
+    read_reranker_config,
+)
 from service.engine.multi_vector.config import (
     MultiVectorConfig,
     is_multi_vector,
@@ -64,6 +69,15 @@ def multi_vector_config(model_id: str, settings: Settings) -> MultiVectorConfig 
             "token vectors: /embed_multi); unset POOLING"
         )
     return read_multi_vector_config(folder)
+
+
+def causal_reranker_config(model_id: str, settings: Settings) -> RerankerConfig | None:
+    """The folder's causal-LM CrossEncoder configuration (`service.engine.llm_rerank.config`),
+    or None for any other model. Raises `UnsupportedModel` for an option it does not serve."""
+    folder = local_folder(model_id, settings)
+    if folder is None or not is_causal_reranker(folder):
+        return None
+    return read_reranker_config(folder)
 
 
 def sentence_config(model_id: str, settings: Settings) -> st_config.SentenceConfig | None:
