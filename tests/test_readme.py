@@ -5,7 +5,8 @@ Every fenced `console` block (`$ command` lines, each followed by what it prints
 against a real server (`pipeline-server` on 127.0.0.1, a free port; `http://localhost:8000` in
 the text is replaced by its address). A block runs against the default model unless the line
 before it is `<!-- readme-test: model=KIND -->`, which names one of the tests' tiny models
-(`tests/models.py`). One server per model, all started at once for this module. `bash` and
+(`tests/models.py`, `tests/retrieval_models.py`; `chunk`: the default model with
+LONG_INPUTS=chunk). One server per model, all started at once for this module. `bash` and
 `text` blocks (installs, deployments) are not run.
 
 What the example shows and what the command prints compare as `outputs_match` says: numbers
@@ -27,14 +28,22 @@ from pathlib import Path
 
 import pytest
 from helpers import ServerProcess
+from retrieval_models import (
+    LLM_RERANKER_KINDS,
+    MULTI_VECTOR_KINDS,
+    llm_reranker,
+    multi_vector_model,
+)
 
 pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ("README.md", "docs/api.md")
+DOCUMENTS = ("README.md", "docs/api.md", "docs/models.md")
 EXAMPLE_URL = "http://localhost:8000"
 FLOAT_TOLERANCE = 2e-2
 DEFAULT_MODEL = "default"
+#: Settings a model marker's server runs with (the default model in LONG_INPUTS=chunk).
+MODEL_ENV = {"chunk": {"LONG_INPUTS": "chunk"}}
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _MARKER = re.compile(r"^<!--\s*readme-test:\s*model=([\w-]+)\s*-->$")
@@ -171,19 +180,36 @@ def test_documents_have_runnable_examples() -> None:
 
 
 @pytest.fixture(scope="module")
+def retrieval_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The multi-vector and LLM-reranker folders docs/models.md's examples name."""
+    root = tmp_path_factory.mktemp("readme-retrieval")
+    return {
+        "multi-vector": multi_vector_model(root / "mv", **MULTI_VECTOR_KINDS["colbert"]),
+        "llm-reranker": llm_reranker(root / "llm", **LLM_RERANKER_KINDS["chat"]),
+    }
+
+
+@pytest.fixture(scope="module")
 def servers(
     tiny_models: dict[str, Path],
     cross_encoder_model: Path,
     embedded_model: Path,
+    retrieval_models: dict[str, Path],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, ServerProcess]]:
     """One real server per model the examples name, started together, then all awaited."""
-    folders = {DEFAULT_MODEL: embedded_model, "cross-encoder": cross_encoder_model, **tiny_models}
+    folders = {
+        DEFAULT_MODEL: embedded_model,
+        "chunk": embedded_model,
+        "cross-encoder": cross_encoder_model,
+        **tiny_models,
+        **retrieval_models,
+    }
     logs = tmp_path_factory.mktemp("readme-servers")
     started: dict[str, ServerProcess] = {}
     try:
         for model in sorted({block.model for block in BLOCKS}):
-            env = {"MODEL_ID": str(folders[model])}
+            env = {"MODEL_ID": str(folders[model]), **MODEL_ENV.get(model, {})}
             started[model] = ServerProcess(env, logs / f"{model}.log")
         for server in started.values():
             server.wait_ready(timeout=600)  # several loads at once on a busy 2-core machine
