@@ -47,7 +47,7 @@ class UnitTokenizer:
         self.sentence = sentence
         self.types = "token_type_ids" in tok.model_input_names
         self._prompt_tokens: dict[str, int] = {}
-        self._template: windows.Template | None = None
+        self.chunker = windows.Chunker(tok, info.max_input_tokens, make=_windows_of(self.types))
 
     def prepare(self, unit: Unit) -> Prepared:
         """Tokenize one unit and check its length exactly (no forward for tokenize/decode).
@@ -147,7 +147,7 @@ class UnitTokenizer:
         chunkable = unit.op is Op.EMBED and unit.pair is None
         if unit.params.get("chunk") and chunkable:
             metrics.LONG_INPUTS.labels("chunked").inc()
-            return self._windows(unit)
+            return self.chunker.prepare(unit, self._text(unit), self._prompt_length(unit))
         metrics.LONG_INPUTS.labels("refused").inc()
         why = (
             " (LONG_INPUTS=chunk makes windows of pooled embeddings only: ask for truncation "
@@ -157,23 +157,6 @@ class UnitTokenizer:
             "where the route takes them, or LONG_INPUTS=truncate or chunk on the server)"
         )
         return InvalidInput(f"input is {n} tokens; this model takes at most {limit} tokens{why}")
-
-    def _windows(self, unit: Unit) -> Prepared:
-        """`unit`'s text in windows of the model's limit (`service.engine.forward.windows`)."""
-        if self._template is None:
-            self._template = windows.template(self.tok)
-        content = self.tok(self._text(unit), add_special_tokens=False, verbose=False)
-        split = windows.split(content["input_ids"], self.info.max_input_tokens, self._template)
-        prompt = self._prompt_length(unit)
-        encoded = [
-            Encoded(
-                ids=ids,
-                type_ids=[0] * len(ids) if self.types else None,
-                prompt_tokens=min(prompt, len(ids)) if k == 0 else 0,
-            )
-            for k, ids in enumerate(split)
-        ]
-        return windows.chunked(unit, encoded)
 
     def _ids(self, unit: Unit) -> Encoded:
         """Token ids sent by the client, used as given (no special tokens added; TEI does the
@@ -250,6 +233,13 @@ def _encode_key(unit: Unit) -> tuple[Any, ...]:
         p.get("direction", "right"),
         p.get("strategy", "longest_first"),
         unit.pair is None,
+    )
+
+
+def _windows_of(types: bool) -> Callable[[list[int], int], Encoded]:
+    """A window's `Encoded` from its ids and its prompt tokens (token types: zeros)."""
+    return lambda ids, prompt: Encoded(
+        ids=ids, type_ids=[0] * len(ids) if types else None, prompt_tokens=prompt
     )
 
 

@@ -19,7 +19,7 @@ vector): windows batch with any other input, count in the queue and cost one inp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
@@ -70,6 +70,28 @@ def split(content: Sequence[int], limit: int, tpl: Template) -> list[list[int]]:
         [*tpl.prefix, *content[start : start + size], *tpl.suffix]
         for start in range(0, len(content), size)
     ]
+
+
+class Chunker:
+    """One tokenizer's long texts in windows of `limit` tokens; `make(ids, prompt_tokens)`
+    builds a window's payload for the engine (the encoder's `Encoded`)."""
+
+    def __init__(self, tok: Any, limit: int, make: Callable[[list[int], int], Any]) -> None:
+        self.tok, self.limit, self.make = tok, limit, make
+        self._template: Template | None = None
+
+    def prepare(self, unit: Unit, text: str, prompt_tokens: int) -> Prepared:
+        """`unit` (whose string to tokenize is `text`, its first `prompt_tokens` tokens the
+        prompt's) as its windows; the prompt is in the first window only."""
+        if self._template is None:
+            self._template = template(self.tok)
+        content = self.tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        windows = split(content, self.limit, self._template)
+        payloads = [
+            self.make(ids, min(prompt_tokens, len(ids)) if k == 0 else 0)
+            for k, ids in enumerate(windows)
+        ]
+        return chunked(unit, payloads)
 
 
 def chunked(unit: Unit, windows: Sequence[Any]) -> Prepared:

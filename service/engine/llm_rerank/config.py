@@ -60,7 +60,8 @@ class RerankerConfig:
         """The module chain for /info."""
         rendered = f", chat template ({self.chat})" if self.chat else ""
         score = "yes" if self.false_token_id is None else "yes - no"
-        return (f"Transformer(text-generation{rendered})", f"LogitScore({score})")
+        activation = self.activation.rsplit(".", 1)[-1]
+        return (f"Transformer(text-generation{rendered})", f"LogitScore({score})", activation)
 
 
 def is_causal_reranker(folder: Path) -> bool:

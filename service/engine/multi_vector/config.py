@@ -260,6 +260,9 @@ def _expansion(value: Any) -> QueryExpansion | None:
 
 def _mask(config_file: Path) -> Mask:
     config = _read_json(config_file)
+    unknown = sorted(set(config) - {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"})
+    if unknown:
+        raise UnsupportedModel(f"MultiVectorMask option(s) {unknown} are not supported")
     tasks = config.get("skiplist_tasks")
     tasks = ["document"] if tasks is None else tasks
     keep = config.get("keep_only_token_ids")
