@@ -55,7 +55,8 @@ class ModelInfo:
     `pooling`: the sentence-embedding pooling modes (None: none pooled); `normalize`: the model's
     own pipeline ends in a Normalize module; `dimension`: the embedding width (SPARSE: the
     vocabulary); `labels`: the classifier's labels by index; `entailment_id`: the NLI label
-    zero-shot reads (-1: none); `prompts`: the sentence-transformers prompts by name.
+    zero-shot reads (-1: none); `prompts`: the sentence-transformers prompts by name (with ST's
+    "query" and "document", empty where the folder has none; /info lists those with text).
     """
 
     model_id: str
@@ -83,6 +84,11 @@ class ModelInfo:
     # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
     backend: str = "torch"
     backend_summary: Mapping[str, Any] = field(default_factory=dict)
+    # int8/uint8 calibration (`service.engine.quantization`): texts, sha256, source, seconds.
+    calibration: Mapping[str, Any] | None = None
+    # A cross-encoder's activation of its logit, as `CrossEncoder.predict` applies it
+    # (`st_config.score_activation`): "sigmoid", "identity", "tanh", or the class it names.
+    score_activation: str = "sigmoid"
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -101,12 +107,16 @@ class ModelInfo:
             "labels": list(self.labels) or None,
             "mask_token": self.mask_token,
             "vocab_size": self.vocab_size,
-            "prompts": sorted(self.prompts) or None,
+            "prompts": sorted(name for name, text in self.prompts.items() if text) or None,
             "default_prompt_name": self.default_prompt_name,
             "sparse": self.output is Output.SPARSE,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
             "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
+            "calibration": dict(self.calibration) if self.calibration else None,
+            "score_activation": (
+                self.score_activation if self.output is Output.CLASSIFIER else None
+            ),
         }
 
 

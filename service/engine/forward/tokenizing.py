@@ -3,10 +3,13 @@ checks, client token ids used as given, and the answers that need no forward (TE
 and /decode). Inference thread only.
 
 Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_input_tokens`,
-else 422 naming the limit), `direction` ("right"/"left": which end truncation cuts),
-`strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key of the model's
-sentence-transformers `prompts`), `add_special_tokens` (tokenize), `skip_special_tokens`
-(decode).
+else 422 naming the limit), `max_tokens` (int: a lower limit, in the input's own tokens with
+its prompt, special tokens not counted; cut or refused the same way), `direction`
+("right"/"left": which end truncation cuts), `strategy` ("longest_first"/"only_first" for
+pairs), `pair_max_tokens` (int: the pair's second text cut to its first N tokens before the
+pair is encoded), `prompt_name` (a key of the model's sentence-transformers `prompts`; "" for
+no prompt, even where the model has a default one), `add_special_tokens` (tokenize),
+`skip_special_tokens` (decode).
 """
 
 from __future__ import annotations
@@ -105,19 +108,19 @@ class UnitTokenizer:
 
     def _prompt(self, unit: Unit) -> str | None:
         name = unit.params.get("prompt_name")
-        return None if name is None else self.info.prompts[name]
+        return None if name is None else self.info.prompts[name] if name else ""
 
     def _encode_many(self, units: Sequence[Unit]) -> list[Encoded | Exception]:
         """One tokenizer call for `units` (one `_encode_key`); an over-length unit's entry is
         its 422 (`InvalidInput`). Raises what the tokenizer raises."""
         first = units[0]
-        limit = self.info.max_input_tokens
+        limit = _limit(first, self.info.max_input_tokens, self.tok.num_special_tokens_to_add())
         truncate = bool(first.params.get("truncate", False))
         self.tok.truncation_side = first.params.get("direction", "right")
         strategy = first.params.get("strategy", "longest_first") if truncate else False
         enc = self.tok(
             [self._text(u) for u in units],
-            None if first.pair is None else [u.pair for u in units],
+            None if first.pair is None else _pairs(self.tok, units),
             truncation=strategy,
             max_length=limit if truncate else None,
             return_attention_mask=False,
@@ -128,14 +131,7 @@ class UnitTokenizer:
         for i, unit in enumerate(units):
             ids = list(enc["input_ids"][i])
             if len(ids) > limit:
-                out.append(
-                    InvalidInput(
-                        f"input is {len(ids)} tokens; this model takes at most {limit} tokens "
-                        "(shorten it, or ask for truncation: `truncate` or "
-                        "`parameters.truncation` where the route takes them, or TRUNCATE=true "
-                        "on the server)"
-                    )
-                )
+                out.append(_too_long(len(ids), limit, unit))
                 continue
             types = list(enc["token_type_ids"][i]) if self.types else None
             out.append(Encoded(ids=ids, type_ids=types, prompt_tokens=self._prompt_length(unit)))
@@ -147,7 +143,7 @@ class UnitTokenizer:
         assert unit.ids is not None
         ids = list(unit.ids)
         _check_vocabulary(ids, self.info.vocab_size)
-        limit = self.info.max_input_tokens
+        limit = _limit(unit, self.info.max_input_tokens, 0)  # ids: no special tokens added
         if len(ids) > limit:
             if not unit.params.get("truncate", False):
                 raise InvalidInput(
@@ -158,7 +154,7 @@ class UnitTokenizer:
 
     def _prompt_length(self, unit: Unit) -> int:
         name = unit.params.get("prompt_name")
-        if name is None or self.sentence is None or self.sentence.include_prompt:
+        if not name or self.sentence is None or self.sentence.include_prompt:
             return 0
         if name not in self._prompt_tokens:
             self._prompt_tokens[name] = st_config.prompt_length(self.tok, self.info.prompts[name])
@@ -213,8 +209,56 @@ def _encode_key(unit: Unit) -> tuple[Any, ...]:
         bool(p.get("truncate", False)),
         p.get("direction", "right"),
         p.get("strategy", "longest_first"),
+        p.get("max_tokens"),
+        p.get("pair_max_tokens"),
         unit.pair is None,
     )
+
+
+def _limit(unit: Unit, model_limit: int, specials: int) -> int:
+    """The unit's token limit: the model's, or the unit's `max_tokens` (the input's own tokens,
+    the prompt's included) plus the `specials` the tokenizer adds, where that is lower."""
+    asked = unit.params.get("max_tokens")
+    return model_limit if asked is None else min(model_limit, int(asked) + specials)
+
+
+def _too_long(n: int, limit: int, unit: Unit) -> InvalidInput:
+    if unit.params.get("max_tokens") is not None:
+        return InvalidInput(
+            f"input is {n} tokens (special tokens included); the limit is {limit}: "
+            f"max_tokens {unit.params['max_tokens']} or this model's, whichever is lower "
+            "(shorten it, or ask for truncation)"
+        )
+    return InvalidInput(
+        f"input is {n} tokens; this model takes at most {limit} tokens (shorten it, or ask for "
+        "truncation: `truncate` or `parameters.truncation` where the route takes them, or "
+        "TRUNCATE=true on the server)"
+    )
+
+
+def _pairs(tok: Any, units: Sequence[Unit]) -> list[str]:
+    """Each unit's pair text; with `pair_max_tokens` N, cut where its N-th token ends (its
+    first N tokens, special tokens not counted), so that the pair then holds at most N tokens
+    of it (Cohere's `max_tokens_per_doc`). A tokenizer without offsets (not a fast one)
+    writes its first N tokens back as text instead."""
+    pairs = [str(u.pair) for u in units]
+    n = units[0].params.get("pair_max_tokens")
+    if n is None:
+        return pairs
+    if not getattr(tok, "is_fast", False):
+        return [tok.convert_tokens_to_string(tok.tokenize(text)[: int(n)]) for text in pairs]
+    enc = tok(
+        pairs,
+        add_special_tokens=False,
+        truncation=True,
+        max_length=int(n),
+        return_offsets_mapping=True,
+        verbose=False,
+    )
+    return [
+        text[: spans[-1][1]] if len(spans) >= int(n) else text
+        for text, spans in zip(pairs, enc["offset_mapping"], strict=True)
+    ]
 
 
 def _prepared(unit: Unit, encoded: Encoded) -> Prepared:
