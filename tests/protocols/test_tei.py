@@ -298,7 +298,12 @@ def test_pipeline_tasks_refuse_tei_routes(fill_mask_client: TestClient) -> None:
         ("/embed", {"inputs": "x", "normalise": True}, 422, "unknown field(s) normalise"),
         ("/embed", {"inputs": "x", "truncation_direction": "up"}, 422, "truncation_direction"),
         ("/embed", {"inputs": "x", "prompt_name": "nope"}, 422, "not one of this model's prompts"),
-        ("/embed", {"inputs": "x", "dimensions": 385}, 422, "more than this model's 384"),
+        (
+            "/embed",
+            {"inputs": "x", "dimensions": 385},
+            422,
+            "more than the 384 dimensions this model emits",
+        ),
         ("/embed", {"inputs": ["x"] * 65}, 413, "at most 64 (MAX_CLIENT_BATCH_SIZE)"),
         ("/embed", [1], 422, "body must be a JSON object"),
         (

@@ -16,7 +16,7 @@ from service.protocols.embedding.common import (
     dimension_warning,
     embedding_params,
 )
-from service.protocols.encodings import Encoding, encode_all
+from service.protocols.encodings import EncodingField, encode_all
 from service.protocols.hf_shapes import _as_list, _is_list, _Request, list_paths
 from service.protocols.params import (
     FeatureExtractionParams,
@@ -40,7 +40,7 @@ class FeatureExtractionRequest(_Request):
     truncate: bool | None = None
     truncation_direction: Literal["left", "right"] | None = None
     dimensions: Dimensions | None = None
-    encoding_format: Encoding | None = None
+    encoding_format: EncodingField | None = None
     parameters: FeatureExtractionParams | None = None
 
 
@@ -76,6 +76,7 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
         normalize=fields.get("normalize"),
         dimensions=fields.get("dimensions"),
         default_truncate=settings.truncate,
+        encodings=request.encoding_format,
     )
     units = [Unit(op=op, text=t, params=params) for t in _as_list(request.inputs)]
     paths = list_paths(request)
