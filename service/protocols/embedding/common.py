@@ -90,7 +90,7 @@ INPUT_TYPES = {
 def prompt_names(info: ModelInfo) -> list[str]:
     """What `prompt_name` accepts on this model: its prompts, and on an embedding model the
     input types."""
-    return sorted({*info.prompts, *(INPUT_TYPES if info.kind == "encoder" else ())})
+    return sorted({*info.prompts, *(INPUT_TYPES if info.task == "feature-extraction" else ())})
 
 
 def prompt_for(info: ModelInfo, name: str | None) -> str | None:
@@ -101,7 +101,7 @@ def prompt_for(info: ModelInfo, name: str | None) -> str | None:
         return info.default_prompt_name
     if name in info.prompts:
         return name
-    if name in INPUT_TYPES and info.kind == "encoder":
+    if name in INPUT_TYPES and info.task == "feature-extraction":
         target = INPUT_TYPES[name]
         return target if target in info.prompts else ""
     known = ", ".join(prompt_names(info)) or "none"

@@ -1,5 +1,5 @@
 """text-embeddings-inference's `/rerank`: a cross-encoder's score of each (query, text) pair,
-highest first."""
+highest first, scored by TEI's rule (sigmoid of the logit, or the logit with `raw_scores`)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pydantic import BaseModel, BeforeValidator, Field, RootModel
 
 from service.engine.jobs import Job, Op, Unit
 from service.engine.types import ModelInfo
-from service.errors import WrongTask
+from service.protocols.rerank.common import ranked, reranker
 from service.protocols.schemas import (
     NonBlank,
     inputs_list,
 )
 from service.protocols.schemas import texts as text_inputs
-from service.protocols.serving import Endpoint, require
+from service.protocols.serving import Endpoint
 from service.protocols.tei_shapes import (
     Direction,
     _checked_text,
@@ -46,17 +46,6 @@ class RerankResponse(RootModel[list[Rank]]):
     """Every text, highest score first; `index` is its position in `texts`."""
 
 
-def reranker(info: ModelInfo) -> None:
-    """`/rerank` needs a cross-encoder: a sequence classifier with one label (TEI's reranker)."""
-    require(info, Op.LOGITS, "/rerank")
-    if len(info.labels) != 1:
-        raise WrongTask(
-            "/rerank needs a cross-encoder (a text-classification model with one label); "
-            f"this model has {len(info.labels)} labels ({', '.join(info.labels)}): "
-            "use /predict for its scores"
-        )
-
-
 def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     r: RerankRequest = _parsed(RerankRequest, body, content_type, "/rerank", s)
     params = _pair_params(r.truncate, r.truncation_direction, s)
@@ -65,9 +54,8 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
 
     def finish(logits: list[Any]) -> Any:
         values = [scores(x, raw)[0] for x in logits]
-        order = sorted(range(len(values)), key=lambda i: (-values[i], i))
         ranks = []
-        for i in order:
+        for i in ranked(values, None):
             rank: dict[str, Any] = {"index": i, "score": values[i]}
             if with_text:
                 rank["text"] = r.texts[i]
@@ -82,7 +70,7 @@ ENDPOINTS = (
         path="/rerank",
         summary="Rerank texts against a query with a cross-encoder (TEI)",
         parse=_rerank,
-        check=reranker,
+        check=reranker("/rerank", own_activation=False),
         request=RerankRequest,
         response=RerankResponse,
     ),
