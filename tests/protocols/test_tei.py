@@ -365,7 +365,10 @@ def test_openapi_lists_what_each_model_serves(
         return {path for path, item in doc["paths"].items() if "post" in item}
 
     assert posts(embedded_client) == {
-        "/", "/embed", "/embed_all", "/similarity", "/tokenize", "/decode", "/v1/embeddings"
+        "/", "/embed", "/embed_all", "/similarity", "/tokenize", "/decode", "/v1/embeddings",
+        "/v2/embed",
     }  # fmt: skip
     assert posts(classifier_client) == {"/", "/predict", "/tokenize", "/decode"}  # 3 labels
-    assert posts(cross_encoder_client) == {"/", "/predict", "/rerank", "/tokenize", "/decode"}
+    assert posts(cross_encoder_client) == {
+        "/", "/predict", "/rerank", "/tokenize", "/decode", "/v1/rerank", "/v2/rerank"
+    }  # fmt: skip

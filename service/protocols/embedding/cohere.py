@@ -7,7 +7,8 @@ name: the server has one model); `input_type` (`search_query`, `search_document`
 `image` is refused, this server embeds text); `embedding_types` (`float`, `int8`, `uint8`,
 `binary`, `ubinary`, `base64`; default `float`); `output_dimension` (the first N dimensions,
 normalized again where the model normalizes: `encode(truncate_dim=N)` then normalization;
-at most the width the model emits); `max_tokens` (a lower token limit per text); `truncate`
+at most the width the model emits); `max_tokens` (a lower limit per text, in its own tokens with
+the prompt, special tokens not counted); `truncate`
 (`END`, Cohere's default: cut the end at the limit; `START`: cut the start; `NONE`: 422 past
 the limit); `priority` (accepted and ignored: admission is first come, first served).
 `images` and `inputs` are unknown fields here (422).
