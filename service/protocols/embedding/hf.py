@@ -106,8 +106,9 @@ def _rows_finish(is_list: bool) -> Any:
 
 
 def _merged(request: FeatureExtractionRequest) -> dict[str, Any]:
-    """Root-level fields (the spec) and `parameters` (older clients): one set; a field given
-    in both with different values is refused."""
+    """Root-level fields (the spec) and `parameters` (older clients): one set; where a field
+    is given in both, the root's wins (as `FeatureExtractionParams` says: every value of
+    either place is valid by the document, so neither may be refused for the other)."""
     root = request.model_dump(
         exclude_none=True, include={"normalize", "prompt_name", "truncate", "dimensions"}
     )
@@ -116,9 +117,6 @@ def _merged(request: FeatureExtractionRequest) -> dict[str, Any]:
     nested = pipeline_params(request.parameters)
     if "truncation" in nested:
         nested.setdefault("truncate", nested.pop("truncation"))
-    for key in root.keys() & nested.keys():
-        if root[key] != nested[key]:
-            raise InvalidInput(f"{key} is given twice with different values (root, parameters)")
     return {**nested, **root}
 
 
