@@ -23,8 +23,10 @@ from sentence_transformers.util import quantize_embeddings
 from starlette.testclient import TestClient
 
 from service.engine.jobs import Ranged
+from service.engine.loading import load_engine
 from service.engine.quantization import read_set
 from service.protocols.encodings import encode_vector, scalar_buckets
+from service.settings import Settings
 
 TEXTS = ["paris is the capital of france", "a big city", "john lives in london", "hello world"]
 
@@ -151,6 +153,24 @@ def test_calibration_file_is_read_and_stated(folder: Path, tmp_path: Path) -> No
     st = SentenceTransformer(str(folder), device="cpu")
     ranges = ranges_of(np.asarray(st.encode(texts[:2])), False)
     assert_codes(got, quantize_embeddings(np.asarray(st.encode(TEXTS)), "uint8", ranges=ranges))
+
+
+def test_the_vectors_are_cached_with_the_model(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = load_engine(Settings(model_id=str(folder)))
+    files = list((tmp_path / "pipeline-server" / "calibration").glob("*.npy"))
+    assert len(files) == 1
+    cached = np.load(files[0])
+    assert cached.shape == (len(read_set().texts), 16)
+    assert np.array_equal(cached, first.calibration.vectors)  # type: ignore[attr-defined]
+    np.save(files[0], cached * 2)  # what a restart reads back
+    again = load_engine(Settings(model_id=str(folder)))
+    assert np.array_equal(again.calibration.vectors, cached * 2)  # type: ignore[attr-defined]
+    files[0].write_bytes(b"not an array")  # unreadable: embedded again
+    third = load_engine(Settings(model_id=str(folder)))
+    assert np.abs(third.calibration.vectors - cached).max() < 1e-6  # type: ignore[attr-defined]
 
 
 def test_int8_needs_dense_embeddings(tmp_path: Path) -> None:
