@@ -35,21 +35,21 @@ import hashlib
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import structlog
 
 from service.engine.jobs import Op, Unit
-from service.engine.types import Prepared
+from service.engine.types import ModelInfo, Prepared
 
 if TYPE_CHECKING:
     from service.backends import Backend
-    from service.engine.forward.encoder import EncoderEngine
 
 log = structlog.get_logger("service.quantization")
 
@@ -57,6 +57,20 @@ PACKAGED = "calibration.txt"  # in service/data/
 FORMAT = 1  # bumped when what the cached vectors hold changes
 _BATCH = 32  # texts per forward while calibrating (sorted by length: little padding)
 _KEPT = 256  # (normalize, dimensions) range sets kept; past it the oldest are dropped
+
+
+class EncoderEngine(Protocol):
+    """What calibration needs of `service.engine.forward.encoder.EncoderEngine`."""
+
+    info: ModelInfo
+    backend: Backend
+    calibration: Calibration | None
+
+    def prepare(self, unit: Unit) -> Prepared: ...
+
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]: ...
+
+    def run(self, batch: list[Prepared]) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
