@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.corpus import mixed_inputs, sentences
-from loadtest.servers import free_port, pipeline_server_command, running
+from loadtest.servers import free_port, pipeline_server_command, started
 
 BATCH = 32
 
@@ -114,7 +114,7 @@ def main() -> None:
         "mixed inputs": list(dict.fromkeys(mixed_inputs(256, seed=args.seed))),
     }
     port = free_port()
-    with running(pipeline_server_command(), port, env=None, ready_timeout_s=600) as base:
+    with started(pipeline_server_command(), port, ready_timeout_s=600) as (base, _):
         for name, texts in sets.items():
             print("\n".join(report(name, embed(base, texts))))
 
