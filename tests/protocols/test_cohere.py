@@ -320,3 +320,8 @@ def test_routes_of_the_other_task_answer_424(servers: dict[str, ServerProcess]) 
         r = server.post(path, json=body)
         assert r.status_code == 424 and "not served by this deployment" in r.text, r.text
     assert "/v2/embed" in httpx.get(f"{embed.url}/openapi.json").json()["paths"]
+    # counted under their own route label, as every route is
+    assert embed.post("/v2/embed", json={"texts": ["a"]}).status_code == 200
+    assert rerank.post("/v1/rerank", json={"query": "q", "documents": ["a"]}).status_code == 200
+    assert 'route="/v2/embed",status="200"' in embed.get("/metrics").text
+    assert 'route="/v1/rerank",status="200"' in rerank.get("/metrics").text
