@@ -1,7 +1,8 @@
 """Error types with data (status, error_type, headers), and the one place that maps them to HTTP.
 
 Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (docs/api.md, Errors),
-except on the OpenAI routes (`/v1/*`), which answer OpenAI's envelope (`error_content`).
+except on the OpenAI-style routes (`/v1/*`), which answer OpenAI's envelope, and Cohere's
+(`/v2/*`), which answer Cohere's body (`error_content`).
 Messages are for humans and never hold paths, exception text from the model, or stack traces.
 """
 
@@ -11,6 +12,7 @@ import math
 from typing import Any, ClassVar
 
 OPENAI_PREFIX = "/v1/"
+COHERE_PREFIX = "/v2/"
 
 
 class ServiceError(Exception):
@@ -98,9 +100,12 @@ class InferenceFailed(ServiceError):
 
 
 def error_content(path: str, error: ServiceError, request_id: str) -> dict[str, Any]:
-    """The error body for a request to `path`: ours, or on `/v1/*` OpenAI's envelope
+    """The error body for a request to `path`: ours; on `/v1/*` OpenAI's envelope
     `{"error": {"message", "type", "param", "code"}}` (the openai SDK reads `error.message`;
-    `code` is the HTTP status, as vLLM and TEI answer; the request id stays in `X-Request-ID`)."""
+    `code` is the HTTP status, as vLLM and TEI answer; the request id stays in `X-Request-ID`),
+    which vLLM's `/v1/rerank` answers too; on `/v2/*` Cohere's `{"id", "message"}`."""
+    if path.startswith(COHERE_PREFIX):
+        return {"id": request_id, "message": error.message}
     if path.startswith(OPENAI_PREFIX):
         return {
             "error": {

@@ -86,6 +86,9 @@ class Settings(BaseSettings):
         | None
     ) = None
     torch_num_threads: int | None = Field(None, ge=1)
+    # The texts int8/uint8 ranges are calibrated on at start (one per line); None: the
+    # package's own set (service/engine/quantization.py).
+    calibration_file: str | None = None
     liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)
     api_key: str | None = None
@@ -151,6 +154,13 @@ class Settings(BaseSettings):
             names = ", ".join([*SUPPORTED_TASKS, *TASK_ALIASES])
             raise ValueError(f"unsupported task; use one of {names}")
         return task
+
+    @field_validator("calibration_file")
+    @classmethod
+    def _calibration_file_is_readable(cls, path: str | None) -> str | None:
+        if path is not None and not os.access(path, os.R_OK):
+            raise ValueError("not a readable file (one calibration text per line)")
+        return path
 
     @model_validator(mode="after")
     def _int8_is_for_cpu(self) -> Settings:

@@ -33,6 +33,16 @@ TASKS = (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the servers cache (calibration vectors, ONNX graphs) goes to this session's own
+    folder, shared by its servers (the first server of a model fills it), not to ~/.cache:
+    a test's tiny models would pile up there. XDG_CACHE_HOME, when set, is kept."""
+    if "XDG_CACHE_HOME" not in os.environ:
+        os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    return Path(os.environ["XDG_CACHE_HOME"])
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One tiny BERT model folder per task (built once per test session)."""

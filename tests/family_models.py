@@ -17,6 +17,7 @@ from typing import Any
 from models import MAX_POSITIONS, vocabulary
 
 HIDDEN = 32
+PROJECTED = 24  # what an opt-projected backbone emits
 # 5.x class paths (what `sentence_transformers.util.deprecated_import` maps to 6.x's).
 ST5_PATHS = {
     "Transformer": "sentence_transformers.models.Transformer",
@@ -44,7 +45,9 @@ def _tokenizer(folder: Path, padding_side: str = "right") -> Any:
 
 def backbone(kind: str, folder: Path, seed: int = 0) -> Path:
     """A tiny random backbone of `kind` (bert, bert-mlm, modernbert, xlm-roberta, qwen3,
-    gemma3, gemma3-bidirectional) with the WordPiece tokenizer, saved in `folder`."""
+    gemma3, gemma3-bidirectional, opt-projected: an OPT decoder whose forward projects its
+    HIDDEN-wide states down to PROJECTED, as OPT-350m does) with the WordPiece tokenizer,
+    saved in `folder`."""
     import torch
     import transformers as t
 
@@ -76,6 +79,19 @@ def backbone(kind: str, folder: Path, seed: int = 0) -> Path:
         ),
         "qwen3": lambda: t.Qwen3Model(t.Qwen3Config(**small, **decoder)),
         "gemma3": lambda: t.Gemma3TextModel(t.Gemma3TextConfig(**small, **decoder)),
+        "opt-projected": lambda: t.OPTModel(
+            t.OPTConfig(
+                vocab_size=n,
+                hidden_size=HIDDEN,
+                word_embed_proj_dim=PROJECTED,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                ffn_dim=64,
+                max_position_embeddings=MAX_POSITIONS,
+                pad_token_id=tokenizer.pad_token_id,
+                do_layer_norm_before=False,  # OPT-350m's: the output projection applies
+            )
+        ),
         "gemma3-bidirectional": lambda: t.Gemma3TextModel(
             t.Gemma3TextConfig(**small, **decoder, use_bidirectional_attention=True)
         ),

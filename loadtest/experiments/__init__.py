@@ -16,5 +16,6 @@ The others are scripts of their own (``python -m loadtest.experiments.<module> -
 ``backends`` (each backend's speed and quality in process), ``soak`` (each backend's RSS over
 changing batch shapes), ``probe_latency`` (sheds and /livez on a saturated server beside the
 client's floor), ``replicas`` (three replicas behind HAProxy: rolling update, slow replica,
-storm; ``make replicas``).
+storm; ``make replicas``), ``int8_quality`` (how much of float's similarity ranking int8 and
+uint8 embeddings keep on the corpus: docs/api.md, int8 and uint8).
 """

@@ -22,7 +22,9 @@ Ops and the answer each unit gets (`service.engine.forward.encoder` /
 
 A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens
 its input took (after truncation, prompt and special tokens included), for usage counts; the
-event loop never tokenizes.
+event loop never tokenizes. An `embed` unit whose params set `ranges` gets `Ranged(vector,
+ranges)`: its vector and the int8/uint8 quantization ranges of its width and normalization
+(`service.engine.quantization`), so the event loop never computes them.
 """
 
 from __future__ import annotations
@@ -72,6 +74,16 @@ class Counted:
 
     answer: Any
     tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ranged:
+    """An embedding (float32 [D]) and the quantization ranges of vectors like it (float32
+    [2, D]: each dimension's minimum and maximum over the calibration set), for units with
+    `ranges`."""
+
+    vector: Any
+    ranges: Any
 
 
 def _identity(answers: list[Any]) -> Any:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from service.backends.candidates import pipeline_choice
-from service.engine import st_config, warmup
+from service.engine import quantization, st_config, warmup
 from service.engine.backend_choice import serve_chosen_backend
 from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
@@ -218,8 +218,13 @@ def load_engine(settings: Settings) -> Engine:
         )
         return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
     engine = EncoderEngine(pipe, info, sentence)  # on torch float32: the reference
-    engine = serve_chosen_backend(engine, settings, weights_folder(weights, settings))
-    return warmup.check_finite(engine)
+    reference = engine.backend
+    folder = weights_folder(weights, settings)
+    engine = warmup.check_finite(serve_chosen_backend(engine, settings, folder))
+    if Op.EMBED in info.ops:  # int8 ranges, and the width the model really emits
+        root = Path(model_id) if Path(model_id).is_dir() else folder  # Dense heads included
+        quantization.calibrate(engine, reference, settings.calibration_file, root, settings.pooling)
+    return engine
 
 
 def _model_info(
@@ -270,6 +275,7 @@ def _model_info(
         served_name=served_name(settings, model_id),
         modules=sentence.modules() if sentence else (),
         matryoshka_dimensions=sentence.matryoshka_dimensions if sentence else None,
+        score_activation=st_config.score_activation(config, settings.trust_remote_code),
     )
 
 

@@ -337,3 +337,21 @@ def prompt_length(tokenizer: Any, prompt: str) -> int:
         return 0
     ids = tokenizer(prompt, truncation="longest_first")["input_ids"]
     return len(ids) - int(bool(ids) and ids[-1] in tokenizer.all_special_ids)
+
+
+#: `CrossEncoder` activations we apply to a logit, by torch class name.
+SCORE_ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "identity", "Tanh": "tanh"}
+
+
+def score_activation(config: Any, trust_remote_code: bool = False) -> str:
+    """The activation `CrossEncoder.predict` applies to a one-label model's logit, as it picks
+    it: the model config's `sentence_transformers.activation_fn` (or the older
+    `sbert_ce_default_activation_function`) when it is a torch class (any class with
+    `trust_remote_code`), else sigmoid (its default for one label). A name of
+    `SCORE_ACTIVATIONS`' values, or the class path when it is none of them (not served)."""
+    st = getattr(config, "sentence_transformers", None)
+    path = st.get("activation_fn") if isinstance(st, dict) else None
+    path = str(path or getattr(config, "sbert_ce_default_activation_function", None) or "")
+    if not path or not (path.startswith("torch.") or trust_remote_code):
+        return "sigmoid"
+    return SCORE_ACTIVATIONS.get(path.rsplit(".", 1)[-1], path)

@@ -58,7 +58,8 @@ class ModelInfo:
     `pooling`: the sentence-embedding pooling modes (None: none pooled); `normalize`: the model's
     own pipeline ends in a Normalize module; `dimension`: the embedding width (SPARSE: the
     vocabulary); `labels`: the classifier's labels by index; `entailment_id`: the NLI label
-    zero-shot reads (-1: none); `prompts`: the sentence-transformers prompts by name.
+    zero-shot reads (-1: none); `prompts`: the sentence-transformers prompts by name (with ST's
+    "query" and "document", empty where the folder has none; /info lists those with text).
     """
 
     model_id: str
@@ -88,6 +89,11 @@ class ModelInfo:
     backend_summary: Mapping[str, Any] = field(default_factory=dict)
     # A multi-vector model: its token vectors' width, scoring (maxsim, meanmaxsim), lengths.
     multi_vector: Mapping[str, Any] | None = None
+    # int8/uint8 calibration (`service.engine.quantization`): texts, sha256, source, seconds.
+    calibration: Mapping[str, Any] | None = None
+    # A cross-encoder's activation of its logit, as `CrossEncoder.predict` applies it
+    # (`st_config.score_activation`): "sigmoid", "identity", "tanh", or the class it names.
+    score_activation: str = "sigmoid"
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -106,13 +112,17 @@ class ModelInfo:
             "labels": list(self.labels) or None,
             "mask_token": self.mask_token,
             "vocab_size": self.vocab_size,
-            "prompts": sorted(self.prompts) or None,
+            "prompts": sorted(name for name, text in self.prompts.items() if text) or None,
             "default_prompt_name": self.default_prompt_name,
             "sparse": self.output is Output.SPARSE,
             "multi_vector": dict(self.multi_vector) if self.multi_vector else None,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
             "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
+            "calibration": dict(self.calibration) if self.calibration else None,
+            "score_activation": (
+                self.score_activation if self.output is Output.CLASSIFIER else None
+            ),
         }
 
 

@@ -4,11 +4,12 @@ Generated from the same pydantic models the routes validate requests with (and t
 models beside them in `service.protocols.*`), so it cannot drift from what is parsed. It lists
 only the routes the loaded model serves (`Endpoint.serves`), and fills in what depends on the
 deployment where the models mark it (`service.protocols.schemas`: the `x-*` keys):
-MAX_CLIENT_BATCH_SIZE as `maxItems` of input lists, the model's prompt names as the `prompt_name`
-enum, its embedding width as the `dimensions` maximum, its vocabulary as the token-id maximum. Every
-operation lists its error answers (ours, or OpenAI's envelope on /v1) with `Retry-After` on 503.
-Built once per loaded model. `X-Request-Timeout` (a shorter deadline) is described, not listed as a
-parameter.
+MAX_CLIENT_BATCH_SIZE as `maxItems` of input lists, the model's prompt names (and on an
+embedding model the input types) as the `prompt_name` enum, the width it emits as the
+`dimensions` maximum, its vocabulary as the token-id maximum. Every operation lists its error
+answers (ours, OpenAI's envelope on /v1, a dialect's own where its `Endpoint.error` says, e.g.
+Cohere's on /v2) with `Retry-After` on 503. Built once per loaded model. `X-Request-Timeout` (a
+shorter deadline) is described, not listed as a parameter.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from service.engine.types import ModelInfo, Output
 from service.protocols import inference_api, schemas
+from service.protocols.embedding.common import prompt_names
 from service.protocols.embedding.openai import ModelList, OpenAIErrorResponse
 from service.protocols.serving import Endpoint
 from service.settings import Settings
@@ -92,6 +94,7 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
         (ModelList, "serialization"),
         (Status, "serialization"),
     ]
+    wanted += [(m, "serialization") for m in {e.error for e in served if e.error is not None}]
     refs, defs = models_json_schema(wanted, ref_template=_REF)
     components = _specialize(defs.get("$defs", {}), info, settings)
     secured = settings.api_key is not None
@@ -119,9 +122,10 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
                 errors=_MODEL_ERRORS,
                 secured=secured,
                 openai=e.path.startswith("/v1/"),
+                error=e.error,
             )
         }
-    for path in ("/", "/embed", "/v1/embeddings"):
+    for path in ("/", "/embed", "/v1/embeddings", "/v2/embed"):
         if path in paths and info.output is Output.POOLED:
             paths[path]["post"]["responses"]["200"]["headers"]["Warning"] = _WARNING
     paths.update(_own_routes(refs, secured))
@@ -161,6 +165,7 @@ def _operation(
     errors: Sequence[int],
     secured: bool,
     openai: bool = False,
+    error: type[BaseModel] | None = None,
     raw_text: dict[str, Any] | None = None,
     media: str = "application/json",
 ) -> dict[str, Any]:
@@ -173,7 +178,7 @@ def _operation(
                 "headers": {"X-Request-ID": _HEADER_ID},
                 "content": {media: {"schema": answer}},
             },
-            **_error_responses(errors, secured=secured, openai=openai),
+            **_error_responses(errors, secured=secured, openai=openai, error=error),
         },
     }
     if request is not None:
@@ -186,8 +191,11 @@ def _operation(
     return op
 
 
-def _error_responses(statuses: Sequence[int], *, secured: bool, openai: bool) -> dict[str, Any]:
-    schema = {"$ref": _REF.format(model="OpenAIErrorResponse" if openai else "ErrorResponse")}
+def _error_responses(
+    statuses: Sequence[int], *, secured: bool, openai: bool, error: type[BaseModel] | None = None
+) -> dict[str, Any]:
+    name = error.__name__ if error else "OpenAIErrorResponse" if openai else "ErrorResponse"
+    schema = {"$ref": _REF.format(model=name)}
     out = {}
     for status in sorted({*statuses, *((401,) if secured else ())}):
         headers: dict[str, Any] = {"X-Request-ID": _HEADER_ID}
@@ -259,7 +267,8 @@ def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -
         if schemas.MAX_INPUTS in node:
             node["maxItems"] = settings.max_client_batch_size - int(node.pop(schemas.MAX_INPUTS))
         if node.pop(schemas.PROMPT_NAME, None):
-            node = {**node, "enum": sorted(info.prompts)} if info.prompts else {"not": {}}
+            names = prompt_names(info)
+            node = {**node, "enum": names} if names else {"not": {}}
         if node.pop(schemas.DENSE_ONLY, None) and info.output is Output.SPARSE:
             return {"not": {}}  # the null beside it stays: a sparse model takes only null
         if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:

@@ -13,14 +13,18 @@ from starlette.routing import Route
 
 from service.protocols import inference_api, openapi
 from service.protocols.classification import tei as classification_tei
+from service.protocols.embedding import cohere as embedding_cohere
 from service.protocols.embedding import openai
 from service.protocols.embedding import tei as embedding_tei
 from service.protocols.multi_vector import tei as multi_vector_tei
+from service.protocols.rerank import cohere as rerank_cohere
+from service.protocols.rerank import jina as rerank_jina
 from service.protocols.rerank import tei as rerank_tei
 from service.protocols.serving import Endpoint, json_response, require_api_key, runtime_of, serve
 from service.protocols.tokens import tei as tokens_tei
 
-#: The TEI and OpenAI routes that submit model work (POST), in the document's order.
+#: The TEI, OpenAI, Cohere and Jina routes that submit model work (POST), in the document's
+#: order.
 ENDPOINTS: tuple[Endpoint, ...] = (
     *embedding_tei.ENDPOINTS,
     *multi_vector_tei.ENDPOINTS,
@@ -28,6 +32,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     *rerank_tei.ENDPOINTS,
     *tokens_tei.ENDPOINTS,
     *openai.ENDPOINTS,
+    *rerank_jina.ENDPOINTS,
+    *embedding_cohere.ENDPOINTS,
+    *rerank_cohere.ENDPOINTS,
 )
 #: Routes that submit model work: admission sheds them before the body is read
 #: (`service.admission.policy`).

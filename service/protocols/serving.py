@@ -37,7 +37,8 @@ class Endpoint:
 
     `adapter` runs `check` before `parse`, so a client on the wrong route hears which task the
     model serves before anything about its body; the document lists only the routes whose
-    `check` passes."""
+    `check` passes. `error`: the model of its error body where it is its dialect's own (None:
+    ours, or OpenAI's envelope on `/v1/*`; `service.errors.error_content` answers it)."""
 
     path: str
     summary: str
@@ -45,6 +46,7 @@ class Endpoint:
     check: Callable[[ModelInfo], None]
     request: type[Any]
     response: type[Any]
+    error: type[Any] | None = None
 
     def serves(self, info: ModelInfo) -> bool:
         try:

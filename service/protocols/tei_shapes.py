@@ -9,8 +9,8 @@
   `[{"index", "value"}, ...]`, indices ascending (`service.engine.pooling.sparse`);
   `max_active_dims` (ours,
   sentence-transformers' name) keeps the k largest.
-- `encoding_format` on `/embed` (ours, not TEI's): `float`, `base64`, `binary`, `ubinary`
-  (`service.protocols.encodings`).
+- `encoding_format` on `/embed` (ours, not TEI's): `float`, `base64`, `int8`, `uint8`,
+  `binary`, `ubinary` (`service.protocols.encodings`).
 - `/predict` (classifiers): per input, every label highest first; scores are the softmax of
   the logits (a one-label model: their sigmoid), or the logits with `raw_scores`.
 - `/rerank` (cross-encoders: classifiers with one label): per text, the (query, text) pair's

@@ -222,6 +222,7 @@ def test_every_setting_is_reachable_from_values() -> None:
         "model.servedName=my-model",
         "server.dtype=float32",
         "server.maxBatchTokens=4096",
+        "server.calibrationFile=/calibration/texts.txt",
         "apiKey.value=k",
     )
     rendered |= set(env_map(server_container(optional)))

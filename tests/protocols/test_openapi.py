@@ -25,6 +25,7 @@ pytestmark = pytest.mark.server
 
 KEY = "k"
 CONFIG = Path(__file__).parent / "schemathesis.toml"
+ENCODINGS = ["float", "base64", "int8", "uint8", "binary", "ubinary"]
 OWN = {"/readyz", "/livez", "/metrics", "/info", "/openapi.json", "/v1/models"}
 # Small batches and one torch thread keep each fuzzing run short on 2 shared cores (two torch
 # threads on busy cores took ~0.8 s for a 3-token batch here, 10x the run); truncation keeps long
@@ -71,9 +72,12 @@ def test_each_deployment_lists_its_routes(servers: dict[str, ServerProcess]) -> 
         "/tokenize",
         "/decode",
         "/v1/embeddings",
+        "/v2/embed",
     }
     cross = document(servers["cross-encoder"])
-    assert set(cross["paths"]) == OWN | {"/", "/predict", "/rerank", "/tokenize", "/decode"}
+    assert set(cross["paths"]) == OWN | {
+        "/", "/predict", "/rerank", "/tokenize", "/decode", "/v1/rerank", "/v2/rerank"
+    }  # fmt: skip
     assert cross["components"]["securitySchemes"] == {
         "bearer": {"type": "http", "scheme": "bearer"}
     }
@@ -99,7 +103,9 @@ def test_every_operation_lists_its_errors(servers: dict[str, ServerProcess]) -> 
                         assert op["security"] == [{"bearer": []}]
                     assert expected <= set(responses), (path, sorted(responses))
                     schema = responses["422"]["content"]["application/json"]["schema"]["$ref"]
-                    envelope = "OpenAIErrorResponse" if path.startswith("/v1/") else "ErrorResponse"
+                    envelope = {"/v1/": "OpenAIErrorResponse", "/v2/": "CohereError"}.get(
+                        path[:4], "ErrorResponse"
+                    )
                     assert schema.endswith(envelope), path
                 if "503" in responses and path != "/livez":  # a dead thread: no retry time
                     assert responses["503"]["headers"]["Retry-After"]["required"] is True
@@ -125,8 +131,10 @@ def test_answers_match_the_documents_schemas(servers: dict[str, ServerProcess]) 
             {"input": ["a"], "encoding_format": "base64"},
             "EmbeddingsResponse",
         ),
+        (emb, "/v2/embed", {"texts": ["a"], "embedding_types": ENCODINGS}, "CohereEmbedResponse"),
         (emb, "/embed", {"inputs": ""}, "ErrorResponse"),
         (emb, "/v1/embeddings", {"input": ""}, "OpenAIErrorResponse"),
+        (emb, "/v2/embed", {"texts": []}, "CohereError"),
         (cross, "/", {"inputs": {"text": "a", "text_pair": "b"}}, "TextClassificationAnswer"),
         (cross, "/predict", {"inputs": [["a"], ["a", "b"]]}, "PredictResponse"),
         (
@@ -135,6 +143,9 @@ def test_answers_match_the_documents_schemas(servers: dict[str, ServerProcess]) 
             {"query": "q", "texts": ["a", "b"], "return_text": True},
             "RerankResponse",
         ),
+        (cross, "/v2/rerank", {"query": "q", "documents": ["a", "b"]}, "CohereRerankResponse"),
+        (cross, "/v1/rerank", {"query": "q", "documents": ["a", "b"]}, "RerankDocumentsResponse"),
+        (cross, "/v1/rerank", {"query": "q", "documents": []}, "OpenAIErrorResponse"),
     ]
     docs = {id(s): document(s) for s in (emb, cross)}
     for server, path, body, schema in cases:

@@ -298,7 +298,12 @@ def test_pipeline_tasks_refuse_tei_routes(fill_mask_client: TestClient) -> None:
         ("/embed", {"inputs": "x", "normalise": True}, 422, "unknown field(s) normalise"),
         ("/embed", {"inputs": "x", "truncation_direction": "up"}, 422, "truncation_direction"),
         ("/embed", {"inputs": "x", "prompt_name": "nope"}, 422, "not one of this model's prompts"),
-        ("/embed", {"inputs": "x", "dimensions": 385}, 422, "more than this model's 384"),
+        (
+            "/embed",
+            {"inputs": "x", "dimensions": 385},
+            422,
+            "more than the 384 dimensions this model emits",
+        ),
         ("/embed", {"inputs": ["x"] * 65}, 413, "at most 64 (MAX_CLIENT_BATCH_SIZE)"),
         ("/embed", [1], 422, "body must be a JSON object"),
         (
@@ -360,7 +365,10 @@ def test_openapi_lists_what_each_model_serves(
         return {path for path, item in doc["paths"].items() if "post" in item}
 
     assert posts(embedded_client) == {
-        "/", "/embed", "/embed_all", "/similarity", "/tokenize", "/decode", "/v1/embeddings"
+        "/", "/embed", "/embed_all", "/similarity", "/tokenize", "/decode", "/v1/embeddings",
+        "/v2/embed",
     }  # fmt: skip
     assert posts(classifier_client) == {"/", "/predict", "/tokenize", "/decode"}  # 3 labels
-    assert posts(cross_encoder_client) == {"/", "/predict", "/rerank", "/tokenize", "/decode"}
+    assert posts(cross_encoder_client) == {
+        "/", "/predict", "/rerank", "/tokenize", "/decode", "/v1/rerank", "/v2/rerank"
+    }  # fmt: skip

@@ -8,8 +8,10 @@ answers cut from the batch's outputs. Inference thread only.
 
 Tokenizing is `service.engine.forward.tokenizing` (the params it reads are listed there). Unit
 params read here (adapters validate them): `normalize` (bool), `dimensions` (int: keep the
-first N, then normalize), `max_active_dims` (sparse: keep the k largest), `function_to_apply`
-and `top_k` (classify), `count_tokens` (answer `jobs.Counted`).
+first N, then normalize), `ranges` (answer `jobs.Ranged`: the vector and its int8 ranges,
+`service.engine.quantization`), `max_active_dims` (sparse: keep the k largest),
+`function_to_apply` and `top_k` (classify), `count_tokens` (answer `jobs.Counted`; classifiers'
+logits too).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from service.engine.types import ModelInfo, Output, Prepared
 
 if TYPE_CHECKING:
     from transformers import Pipeline
+
+    from service.engine.quantization import Calibration
 
 
 class EncoderEngine:
@@ -54,6 +58,7 @@ class EncoderEngine:
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
         self.types = "token_type_ids" in tok.model_input_names
         self.heads = outputs.load_heads(sentence, pipe.device)  # Dense modules, float32
+        self.calibration: Calibration | None = None  # int8 ranges (engine.quantization)
 
     # -- per unit: `service.engine.forward.tokenizing` ------------------------------------
     def prepare(self, unit: Unit) -> Prepared:
@@ -78,7 +83,8 @@ class EncoderEngine:
         output = self.backend.forward(inputs)  # float32 on the CPU (service.backends)
         if self.info.output is Output.CLASSIFIER:
             logits = output
-            return [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
+            answers = [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
+            return _with_counts(batch, answers)
         return _with_counts(batch, self._answers(batch, output, inputs["attention_mask"], lengths))
 
     def _answers(self, batch: list[Prepared], first: Any, mask: Any, lengths: Any) -> list[Any]:
@@ -87,7 +93,9 @@ class EncoderEngine:
         hidden = first.float()  # a no-op for the backends' float32 output
         answers: list[Any] = [None] * len(batch)
         for found in (
-            outputs.embed_rows(batch, hidden, mask, self.info.pooling, self.heads),
+            outputs.embed_rows(
+                batch, hidden, mask, self.info.pooling, self.heads, self.calibration
+            ),
             outputs.sparse_rows(batch, hidden, mask, self.sentence),
         ):
             for i, answer in found.items():

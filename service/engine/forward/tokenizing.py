@@ -4,10 +4,13 @@ and /decode). Inference thread only.
 
 Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_input_tokens`,
 else 422 naming the limit), `chunk` (bool: an `embed` text over the limit is embedded in
-windows instead, `service.engine.forward.windows`), `direction` ("right"/"left": which end
-truncation cuts), `strategy` ("longest_first"/"only_first" for pairs), `prompt_name` (a key
-of the model's sentence-transformers `prompts`), `add_special_tokens` (tokenize),
-`skip_special_tokens` (decode).
+windows instead, `service.engine.forward.windows`), `max_tokens` (int: a lower limit, in
+the input's own tokens with its prompt, special tokens not counted; cut or refused the same
+way), `direction` ("right"/"left": which end truncation cuts), `strategy` ("longest_first" or
+"only_first" for pairs), `pair_max_tokens` (int: the pair's second text cut to its first N
+tokens before the pair is encoded: `pair_texts`), `prompt_name` (a key of the model's
+sentence-transformers `prompts`; "" for no prompt, even where the model has a default one),
+`add_special_tokens` (tokenize), `skip_special_tokens` (decode).
 """
 
 from __future__ import annotations
@@ -109,19 +112,19 @@ class UnitTokenizer:
 
     def _prompt(self, unit: Unit) -> str | None:
         name = unit.params.get("prompt_name")
-        return None if name is None else self.info.prompts[name]
+        return None if name is None else self.info.prompts[name] if name else ""
 
     def _encode_many(self, units: Sequence[Unit]) -> list[Encoded | Prepared | Exception]:
         """One tokenizer call for `units` (one `_encode_key`); an over-length unit's entry is
         its 422 (`InvalidInput`), or its windows (`chunk`). Raises what the tokenizer raises."""
         first = units[0]
-        limit = self.info.max_input_tokens
+        limit = _limit(first, self.info.max_input_tokens, self.tok.num_special_tokens_to_add())
         truncate = bool(first.params.get("truncate", False))
         self.tok.truncation_side = first.params.get("direction", "right")
         strategy = first.params.get("strategy", "longest_first") if truncate else False
         enc = self.tok(
             [self._text(u) for u in units],
-            None if first.pair is None else [u.pair for u in units],
+            None if first.pair is None else pair_texts(self.tok, units),
             truncation=strategy,
             max_length=limit if truncate else None,
             return_attention_mask=False,
@@ -132,7 +135,7 @@ class UnitTokenizer:
         for i, unit in enumerate(units):
             ids = list(enc["input_ids"][i])
             if len(ids) > limit:
-                out.append(self._over_limit(unit, len(ids)))
+                out.append(self._over_limit(unit, len(ids), limit))
                 continue
             if truncate and _truncated(enc, i):
                 metrics.LONG_INPUTS.labels("truncated").inc()
@@ -140,23 +143,16 @@ class UnitTokenizer:
             out.append(Encoded(ids=ids, type_ids=types, prompt_tokens=self._prompt_length(unit)))
         return out
 
-    def _over_limit(self, unit: Unit, n: int) -> Prepared | InvalidInput:
-        """A text of `n` tokens over the limit, without truncation: its windows when the unit
-        asks for `chunk` (an `embed` text alone: pooled embeddings average), else its 422."""
-        limit = self.info.max_input_tokens
+    def _over_limit(self, unit: Unit, n: int, limit: int) -> Prepared | InvalidInput:
+        """A text of `n` tokens over its `limit`, without truncation: its windows when the unit
+        asks for `chunk` (an `embed` text alone, under the model's own limit: pooled
+        embeddings average), else its 422."""
         chunkable = unit.op is Op.EMBED and unit.pair is None
-        if unit.params.get("chunk") and chunkable:
+        if unit.params.get("chunk") and chunkable and unit.params.get("max_tokens") is None:
             metrics.LONG_INPUTS.labels("chunked").inc()
             return self.chunker.prepare(unit, self._text(unit), self._prompt_length(unit))
         metrics.LONG_INPUTS.labels("refused").inc()
-        why = (
-            " (LONG_INPUTS=chunk makes windows of pooled embeddings only: ask for truncation "
-            "with `truncate` or `parameters.truncation` where the route takes them)"
-            if unit.params.get("chunk")
-            else " (shorten it, or ask for truncation: `truncate` or `parameters.truncation` "
-            "where the route takes them, or LONG_INPUTS=truncate or chunk on the server)"
-        )
-        return InvalidInput(f"input is {n} tokens; this model takes at most {limit} tokens{why}")
+        return _too_long(n, limit, unit)
 
     def _ids(self, unit: Unit) -> Encoded:
         """Token ids sent by the client, used as given (no special tokens added; TEI does the
@@ -164,7 +160,7 @@ class UnitTokenizer:
         assert unit.ids is not None
         ids = list(unit.ids)
         _check_vocabulary(ids, self.info.vocab_size)
-        limit = self.info.max_input_tokens
+        limit = _limit(unit, self.info.max_input_tokens, 0)  # ids: no special tokens added
         if len(ids) > limit:
             if not unit.params.get("truncate", False):
                 metrics.LONG_INPUTS.labels("refused").inc()
@@ -177,7 +173,7 @@ class UnitTokenizer:
 
     def _prompt_length(self, unit: Unit) -> int:
         name = unit.params.get("prompt_name")
-        if name is None or self.sentence is None or self.sentence.include_prompt:
+        if not name or self.sentence is None or self.sentence.include_prompt:
             return 0
         if name not in self._prompt_tokens:
             self._prompt_tokens[name] = st_config.prompt_length(self.tok, self.info.prompts[name])
@@ -232,6 +228,8 @@ def _encode_key(unit: Unit) -> tuple[Any, ...]:
         bool(p.get("truncate", False)),
         p.get("direction", "right"),
         p.get("strategy", "longest_first"),
+        p.get("max_tokens"),
+        p.get("pair_max_tokens"),
         unit.pair is None,
     )
 
@@ -247,6 +245,58 @@ def _truncated(enc: Any, i: int) -> bool:
     """The tokenizer cut text `i` of the call's answer `enc` (its overflow is not empty)."""
     encodings = getattr(enc, "encodings", None)
     return bool(encodings and encodings[i].overflowing)
+
+
+def _limit(unit: Unit, model_limit: int, specials: int) -> int:
+    """The unit's token limit: the model's, or the unit's `max_tokens` (the input's own tokens,
+    the prompt's included) plus the `specials` the tokenizer adds, where that is lower."""
+    asked = unit.params.get("max_tokens")
+    return model_limit if asked is None else min(model_limit, int(asked) + specials)
+
+
+def _too_long(n: int, limit: int, unit: Unit) -> InvalidInput:
+    if unit.params.get("max_tokens") is not None:
+        return InvalidInput(
+            f"input is {n} tokens (special tokens included); the limit is {limit}: "
+            f"max_tokens {unit.params['max_tokens']} or this model's, whichever is lower "
+            "(shorten it, or ask for truncation)"
+        )
+    if unit.params.get("chunk"):
+        return InvalidInput(
+            f"input is {n} tokens; this model takes at most {limit} tokens (LONG_INPUTS=chunk "
+            "makes windows of pooled embeddings only: ask for truncation with `truncate` or "
+            "`parameters.truncation` where the route takes them)"
+        )
+    return InvalidInput(
+        f"input is {n} tokens; this model takes at most {limit} tokens (shorten it, or ask for "
+        "truncation: `truncate` or `parameters.truncation` where the route takes them, or "
+        "LONG_INPUTS=truncate or chunk on the server)"
+    )
+
+
+def pair_texts(tok: Any, units: Sequence[Unit]) -> list[str]:
+    """Each unit's pair text; with `pair_max_tokens` N, cut where its N-th token ends (its
+    first N tokens, special tokens not counted), so that the pair then holds at most N tokens
+    of it (Cohere's `max_tokens_per_doc`). A tokenizer without offsets (not a fast one)
+    writes its first N tokens back as text instead."""
+    pairs = [str(u.pair) for u in units]
+    n = units[0].params.get("pair_max_tokens")
+    if n is None:
+        return pairs
+    if not getattr(tok, "is_fast", False):
+        return [tok.convert_tokens_to_string(tok.tokenize(text)[: int(n)]) for text in pairs]
+    enc = tok(
+        pairs,
+        add_special_tokens=False,
+        truncation=True,
+        max_length=int(n),
+        return_offsets_mapping=True,
+        verbose=False,
+    )
+    return [
+        text[: spans[-1][1]] if len(spans) >= int(n) else text
+        for text, spans in zip(pairs, enc["offset_mapping"], strict=True)
+    ]
 
 
 def _prepared(unit: Unit, encoded: Encoded) -> Prepared:

@@ -20,7 +20,8 @@ Answers: `logits` units get the score as a one-label logit (float32 [1]), which 
 routes put through the activation (sigmoid, as the folder's Sigmoid); `classify` units the
 text-classification answer `[{label, score}]` (`function_to_apply`: sigmoid by default,
 softmax over one label is 1, none the score). Unit params read: `truncate`, `direction`,
-`function_to_apply`, `count_tokens`. Tokenize and decode are the encoder engine's.
+`function_to_apply`, `count_tokens`, `pair_max_tokens` (the document cut to its first N tokens
+first, as the encoder engine cuts it). Tokenize and decode are the encoder engine's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from service import metrics
-from service.engine.forward.tokenizing import UnitTokenizer
+from service.engine.forward.tokenizing import UnitTokenizer, pair_texts
 from service.engine.jobs import NO_FORWARD, Counted, Op, Unit
 from service.engine.llm_rerank.config import RerankerConfig
 from service.engine.types import ModelInfo, Prepared, prepare_each
@@ -80,6 +81,7 @@ class CausalRerankEngine:
 
     def _encode(self, unit: Unit, *, truncate: bool) -> list[int]:
         assert unit.text is not None
+        pair = None if unit.pair is None else pair_texts(self.tok, [unit])[0]
         size: dict[str, Any] = {"truncation": "longest_first", "max_length": None}
         if truncate:
             size["max_length"] = self.info.max_input_tokens
@@ -87,10 +89,10 @@ class CausalRerankEngine:
             size["truncation"] = False
         if self.config.chat is None:
             text = self.config.prompt + unit.text
-            return list(self.tok(text, unit.pair, verbose=False, **size)["input_ids"])
-        ids = self._render(self._messages(unit.text, unit.pair), **size)
+            return list(self.tok(text, pair, verbose=False, **size)["input_ids"])
+        ids = self._render(self._messages(unit.text, pair), **size)
         if truncate and self.tok.truncation_side == "right":
-            suffix = self._suffix(unit.pair is not None)
+            suffix = self._suffix(pair is not None)
             keep = min(len(suffix), len(ids))
             if keep:
                 ids[len(ids) - keep :] = suffix[len(suffix) - keep :]

@@ -13,7 +13,7 @@ from typing import Any
 from service.engine.jobs import Op
 from service.engine.llm_rerank.config import RerankerConfig
 from service.engine.llm_rerank.engine import CausalRerankEngine
-from service.engine.st_config import SentenceConfig, configure_tokenizer
+from service.engine.st_config import SCORE_ACTIVATIONS, SentenceConfig, configure_tokenizer
 from service.engine.types import ModelInfo, Output
 from service.settings import Settings
 
@@ -63,6 +63,9 @@ def causal_rerank_engine(
         modules=config.modules(),
         backend="torch",
         backend_summary=MappingProxyType({"name": "torch", "dtype": dtype}),
+        score_activation=SCORE_ACTIVATIONS.get(
+            config.activation.rsplit(".", 1)[-1], config.activation
+        ),
     )
     return CausalRerankEngine(model, tok, info, config, _device(model))
 

@@ -12,17 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import structlog
 
 from service.engine import st_config
-from service.engine.jobs import Op
+from service.engine.jobs import Op, Ranged
 from service.engine.pooling import heads, sparse
 from service.engine.pooling.pool import finish, pool
 from service.engine.types import Prepared
 
 if TYPE_CHECKING:
     import torch
+
+    from service.engine.quantization import Calibration
 
 log = structlog.get_logger("service.outputs")
 
@@ -75,10 +76,12 @@ def embed_rows(
     mask: torch.Tensor,
     modes: tuple[str, ...] | None,
     dense: tuple[heads.DenseHead, ...],
-) -> dict[int, np.ndarray]:
+    calibration: Calibration | None = None,
+) -> dict[int, Any]:
     """Each `Op.EMBED` unit's vector, by batch position: pool `hidden` [B, L, H] under `mask`
     [B, L] by `modes` (`ModelInfo.pooling`) -> the `dense` heads (float32) -> cut to
-    `dimensions` and normalize as its params say."""
+    `dimensions` and normalize as its params say; with `ranges`, a `Ranged`: the vector and
+    the int8 ranges `calibration` gives vectors like it."""
     import torch
 
     rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED]
@@ -90,18 +93,15 @@ def embed_rows(
     mask = mask.to(hidden.device)
     vectors = pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
     vectors = heads.apply_dense(vectors, dense)
-    out = {}
+    out: dict[int, Any] = {}
     for j, i in enumerate(rows):
         params = batch[i].unit.params
-        out[i] = (
-            finish(
-                vectors[j : j + 1],
-                normalize=bool(params.get("normalize", True)),
-                dimensions=params.get("dimensions"),
-            )[0]
-            .cpu()
-            .numpy()
-        )
+        normalize, dimensions = bool(params.get("normalize", True)), params.get("dimensions")
+        vector = finish(vectors[j : j + 1], normalize=normalize, dimensions=dimensions)[0]
+        out[i] = vector.cpu().numpy()
+        if params.get("ranges"):  # int8/uint8 asked: the ranges of this width and norm
+            assert calibration is not None  # adapters ask only where it was made
+            out[i] = Ranged(out[i], calibration.ranges(normalize, dimensions))
     return out
 
 

@@ -1,6 +1,12 @@
-"""What every embedding dialect shares: unit parameters checked against the model, the `Warning`
-for a
-untrained Matryoshka cut, and sentence similarity (its inputs and the cosine to the first).
+"""What every embedding dialect shares: unit parameters checked against the model (prompts and
+input types, `dimensions`, encodings), the `Warning` for an untrained Matryoshka cut, and
+sentence similarity (its inputs and the cosine to the first).
+
+Input types (Cohere's `input_type`, also accepted as a `prompt_name`) map onto the folder's
+sentence-transformers prompts: `search_query` is the `query` prompt (what `encode_query`
+uses), `search_document` the `document` prompt (`encode_document`), `classification` and
+`clustering` a prompt of that name. A folder without that prompt gets the plain text (not its
+default prompt); a prompt of the folder named like an input type wins.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from service.engine.types import ModelInfo
 from service.errors import InvalidInput
+from service.protocols.encodings import needs_ranges
 from service.protocols.schemas import (
     NonBlank,
     check_list,
@@ -44,36 +51,82 @@ def embedding_params(
     normalize: bool | None = None,
     dimensions: int | None = None,
     long_inputs: str = "refuse",
+    encodings: Any = None,
+    dimensions_field: str = "dimensions",
 ) -> dict[str, Any]:
-    """Unit params for `embed`/`rows`, checked against the model: a prompt it names, a
-    `dimensions` it can cut to. Shared by every embedding protocol.
+    """Unit params for `embed`/`rows`, checked against the model: a prompt or input type it
+    maps, a `dimensions` it can cut to (the width it emits, measured at start), int8/uint8
+    among `encodings` only where it has calibrated ranges. Shared by every embedding
+    protocol.
 
     `truncate` is the request's own choice (None: not said); `long_inputs` the server's mode
     (LONG_INPUTS) for inputs over the limit when the request does not say: `truncate` cuts,
     `chunk` embeds windows and averages them (`service.engine.forward.windows`), `refuse`
     answers 422. A request's `truncate: false` refuses, whatever the mode."""
-    if prompt_name is not None and prompt_name not in info.prompts:
-        known = ", ".join(sorted(info.prompts)) or "none"
-        raise InvalidInput(
-            f"prompt_name {prompt_name!r} is not one of this model's prompts: {known}"
-        )
+    prompt = prompt_for(info, prompt_name)
     if dimensions is not None and info.dimension is not None and dimensions > info.dimension:
         raise InvalidInput(
-            f"dimensions {dimensions} is more than this model's {info.dimension}; send at most that"
+            f"{dimensions_field} {dimensions} is more than the {info.dimension} dimensions this "
+            "model emits; send at most that"
         )
-    return {
+    params = {
         "truncate": long_inputs == "truncate" if truncate is None else truncate,
         "chunk": truncate is None and long_inputs == "chunk",
         "direction": direction or "right",
-        "prompt_name": info.default_prompt_name if prompt_name is None else prompt_name,
+        "prompt_name": prompt,
         # Unset: as the model's own pipeline does (its Normalize module), which is what
         # SentenceTransformer.encode answers; True for POOLING on plain models (TEI's default).
         "normalize": info.normalize if normalize is None else normalize,
         "dimensions": dimensions,
     }
+    if ranges_wanted(info, needs_ranges(encodings)):
+        params["ranges"] = True
+    return params
 
 
-def dimension_warning(info: ModelInfo, dimensions: int | None) -> dict[str, str] | None:
+#: Cohere's `input_type` -> the sentence-transformers prompt it means.
+INPUT_TYPES = {
+    "search_query": "query",
+    "search_document": "document",
+    "classification": "classification",
+    "clustering": "clustering",
+}
+
+
+def prompt_names(info: ModelInfo) -> list[str]:
+    """What `prompt_name` accepts on this model: its prompts, and on an embedding model the
+    input types."""
+    return sorted({*info.prompts, *(INPUT_TYPES if info.task == "feature-extraction" else ())})
+
+
+def prompt_for(info: ModelInfo, name: str | None) -> str | None:
+    """The unit's `prompt_name` for a requested prompt name or input type (see the module
+    docstring): None asks for the model's default prompt, "" for none. Raises 422 for a name
+    that is neither."""
+    if name is None:
+        return info.default_prompt_name
+    if name in info.prompts:
+        return name
+    if name in INPUT_TYPES and info.task == "feature-extraction":
+        target = INPUT_TYPES[name]
+        return target if target in info.prompts else ""
+    known = ", ".join(prompt_names(info)) or "none"
+    raise InvalidInput(f"prompt_name {name!r} is not one of this model's prompts: {known}")
+
+
+def ranges_wanted(info: ModelInfo, wanted: bool) -> bool:
+    """The unit param `ranges` for int8/uint8 encodings: refused (422) on a model without
+    calibrated ranges (sparse or token-row models)."""
+    if wanted and info.calibration is None:
+        raise InvalidInput(
+            "int8 and uint8 need calibrated ranges, which only dense sentence embeddings have"
+        )
+    return wanted
+
+
+def dimension_warning(
+    info: ModelInfo, dimensions: int | None, field: str = "dimensions"
+) -> dict[str, str] | None:
     """A `Warning` header (RFC 7234's 299, "miscellaneous persistent warning") when
     `dimensions` cuts a model that was not trained for Matryoshka cuts to that width: the
     answer is what was asked, but its quality is unknown. None otherwise."""
@@ -84,7 +137,7 @@ def dimension_warning(info: ModelInfo, dimensions: int | None) -> dict[str, str]
         return None
     widths = "any width" if trained is None else f"only {list(trained)}"
     return {
-        "Warning": f'299 pipeline-server "dimensions {dimensions} cuts a {full}-dimensional '
+        "Warning": f'299 pipeline-server "{field} {dimensions} cuts a {full}-dimensional '
         f"model not trained for it (Matryoshka: {'none' if trained is None else widths}); "
         'similarities of cut vectors may be poor"'
     }

@@ -16,7 +16,7 @@ from service.protocols.embedding.common import (
     dimension_warning,
     embedding_params,
 )
-from service.protocols.encodings import Encoding, encode_all
+from service.protocols.encodings import EncodingField, encode_all
 from service.protocols.hf_shapes import _as_list, _is_list, _Request, list_paths
 from service.protocols.params import (
     FeatureExtractionParams,
@@ -40,7 +40,7 @@ class FeatureExtractionRequest(_Request):
     truncate: bool | None = None
     truncation_direction: Literal["left", "right"] | None = None
     dimensions: Dimensions | None = None
-    encoding_format: Encoding | None = None
+    encoding_format: EncodingField | None = None
     parameters: FeatureExtractionParams | None = None
 
 
@@ -76,6 +76,7 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
         normalize=fields.get("normalize"),
         dimensions=fields.get("dimensions"),
         long_inputs=settings.long_inputs,
+        encodings=request.encoding_format,
     )
     units = [Unit(op=op, text=t, params=params) for t in _as_list(request.inputs)]
     paths = list_paths(request)
@@ -105,8 +106,9 @@ def _rows_finish(is_list: bool) -> Any:
 
 
 def _merged(request: FeatureExtractionRequest) -> dict[str, Any]:
-    """Root-level fields (the spec) and `parameters` (older clients): one set; a field given
-    in both with different values is refused."""
+    """Root-level fields (the spec) and `parameters` (older clients): one set; where a field
+    is given in both, the root's wins (as `FeatureExtractionParams` says: every value of
+    either place is valid by the document, so neither may be refused for the other)."""
     root = request.model_dump(
         exclude_none=True, include={"normalize", "prompt_name", "truncate", "dimensions"}
     )
@@ -115,9 +117,6 @@ def _merged(request: FeatureExtractionRequest) -> dict[str, Any]:
     nested = pipeline_params(request.parameters)
     if "truncation" in nested:
         nested.setdefault("truncate", nested.pop("truncation"))
-    for key in root.keys() & nested.keys():
-        if root[key] != nested[key]:
-            raise InvalidInput(f"{key} is given twice with different values (root, parameters)")
     return {**nested, **root}
 
 

@@ -8,8 +8,9 @@ vectors are unit length, and clients take dot products as cosines); `dimensions`
 first N, then normalizes again (as OpenAI's text-embedding-3 models answer), with a `Warning`
 header when the model was not trained for Matryoshka cuts. `encoding_format: "base64"` (what
 the SDK asks for when the caller names no format, and decodes itself) is each vector's
-little-endian float32 bytes in base64; `binary`/`ubinary` are sentence-transformers'
-`quantize_embeddings` packings (`service.protocols.encodings`). `model` is accepted and the
+little-endian float32 bytes in base64; `int8`/`uint8` (calibrated ranges) and
+`binary`/`ubinary` are sentence-transformers' `quantize_embeddings` codes
+(`service.protocols.encodings`). `model` is accepted and the
 answer names our served model (`info.served_name`); `user` is accepted and ignored. `usage`
 counts the tokens each input took with this model's tokenizer (after truncation), counted in
 the inference thread. Errors on `/v1/*` use OpenAI's envelope (`service.errors.error_content`).
@@ -28,7 +29,7 @@ from service.engine.jobs import Counted, Job, Op
 from service.engine.types import ModelInfo
 from service.protocols import tei_shapes
 from service.protocols.embedding.common import dimension_warning, embedding_params
-from service.protocols.encodings import Encoding, encode_vector
+from service.protocols.encodings import EncodingField, encode_vector
 from service.protocols.schemas import Dimensions, decode, inputs_list, validate
 from service.protocols.serving import (
     Endpoint,
@@ -56,7 +57,7 @@ class EmbeddingsRequest(BaseModel):
 
     input: Input
     model: str | None = Field(None, description="accepted; the answer names the served model")
-    encoding_format: Encoding | None = None
+    encoding_format: EncodingField | None = None
     dimensions: Dimensions | None = None
     user: str | None = Field(None, description="accepted and ignored")
 
@@ -64,7 +65,8 @@ class EmbeddingsRequest(BaseModel):
 class Embedding(BaseModel):
     object: Literal["embedding"]
     embedding: list[float] | str | list[int] = Field(
-        description="floats, base64 of float32 LE bytes, or packed bits (binary, ubinary)"
+        description="floats, base64 of float32 LE bytes, int8/uint8 codes, or packed bits "
+        "(binary, ubinary)"
     )
     index: int = Field(ge=0)
 
@@ -115,6 +117,7 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         normalize=True,  # unit length for every model, as OpenAI's are
         dimensions=r.dimensions,
         long_inputs=s.long_inputs,
+        encodings=r.encoding_format,
     )
     params["count_tokens"] = True
     fmt = r.encoding_format

@@ -19,7 +19,7 @@ from service.protocols.embedding.common import (
     dimension_warning,
     embedding_params,
 )
-from service.protocols.encodings import Encoding, encode_all
+from service.protocols.encodings import EncodingField, encode_all
 from service.protocols.schemas import (
     INTEGRAL,
     Dimensions,
@@ -37,8 +37,8 @@ class EmbedRequest(_Request):
     truncation_direction: Direction | None = None
     prompt_name: PromptName | None = None
     dimensions: Dimensions | None = None
-    encoding_format: Encoding | None = Field(
-        None, description="ours: float (default), base64, binary or ubinary"
+    encoding_format: EncodingField | None = Field(
+        None, description="ours: float (default), base64, int8, uint8, binary or ubinary"
     )
 
 
@@ -102,6 +102,7 @@ def _embed(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) 
         normalize=r.normalize,
         dimensions=r.dimensions,
         long_inputs=s.long_inputs,
+        encodings=r.encoding_format,
     )
     fmt = r.encoding_format
     headers = dimension_warning(info, r.dimensions)

@@ -1,7 +1,8 @@
 """text-embeddings-inference's `/rerank`: a cross-encoder's score of each (query, text) pair,
-highest first; on a multi-vector model, each text's late-interaction score against the query
-(MaxSim or MeanMaxSim, the model's own similarity: no activation, `raw_scores` changes
-nothing), highest first, as `MultiVectorEncoder.similarity` orders them."""
+highest first, scored by TEI's rule (sigmoid of the logit, or the logit with `raw_scores`); on a
+multi-vector model, each text's late-interaction score against the query (MaxSim or MeanMaxSim,
+the model's own similarity: no activation, `raw_scores` changes nothing), highest first, as
+`MultiVectorEncoder.similarity` orders them."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from pydantic import BaseModel, BeforeValidator, Field, RootModel
 
 from service.engine.jobs import Job, Op, Unit
 from service.engine.types import ModelInfo, Output
-from service.errors import WrongTask
 from service.protocols.multi_vector import common as multi_vector
+from service.protocols.rerank.common import ranked, reranker
 from service.protocols.schemas import (
     NonBlank,
     inputs_list,
 )
 from service.protocols.schemas import texts as text_inputs
-from service.protocols.serving import Endpoint, require
+from service.protocols.serving import Endpoint
 from service.protocols.tei_shapes import (
     Direction,
     _checked_text,
@@ -49,18 +50,13 @@ class RerankResponse(RootModel[list[Rank]]):
     """Every text, highest score first; `index` is its position in `texts`."""
 
 
-def reranker(info: ModelInfo) -> None:
-    """`/rerank` needs a cross-encoder: a sequence classifier with one label (TEI's reranker),
-    or a multi-vector model."""
-    if info.output is Output.MULTI_VECTOR:
-        return
-    require(info, Op.LOGITS, "/rerank")
-    if len(info.labels) != 1:
-        raise WrongTask(
-            "/rerank needs a cross-encoder (a text-classification model with one label); "
-            f"this model has {len(info.labels)} labels ({', '.join(info.labels)}): "
-            "use /predict for its scores"
-        )
+_cross_encoder = reranker("/rerank", own_activation=False)
+
+
+def _reranker(info: ModelInfo) -> None:
+    """A cross-encoder (TEI's reranker: one label), or a multi-vector model."""
+    if info.output is not Output.MULTI_VECTOR:
+        _cross_encoder(info)
 
 
 def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
@@ -81,9 +77,8 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
 
 def _ranks(values: list[Any], texts: list[str], with_text: bool) -> list[dict[str, Any]]:
     """Every text, highest score first (ties in text order)."""
-    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
     ranks = []
-    for i in order:
+    for i in ranked(values, None):
         rank: dict[str, Any] = {"index": i, "score": values[i]}
         if with_text:
             rank["text"] = texts[i]
@@ -97,7 +92,7 @@ ENDPOINTS = (
         summary="Rerank texts against a query: a cross-encoder, or a multi-vector model's "
         "MaxSim (TEI)",
         parse=_rerank,
-        check=reranker,
+        check=_reranker,
         request=RerankRequest,
         response=RerankResponse,
     ),
