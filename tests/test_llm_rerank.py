@@ -1,7 +1,8 @@
 """Causal-LM rerankers: tiny `*ForCausalLM` folders saved by sentence-transformers'
 `CrossEncoder` (LogitScore yes/no, Sigmoid, left padding; with and without a chat template; a
 default prompt; "yes" alone), served through `MODEL_ID`, scoring what `CrossEncoder.predict`
-scores and ordering as `CrossEncoder.rank` orders, on every rerank route; batches within the
+scores and ordering as `CrossEncoder.rank` orders, on every rerank route (TEI's, Cohere's v2
+with the `cohere` SDK, the Jina/vLLM shape); batches within the
 token budget; folders refused at start; the real server and schemathesis on it."""
 
 from __future__ import annotations
@@ -76,6 +77,27 @@ def test_rerank_scores_are_predict_and_the_order_is_rank(served: tuple[Any, Test
     logits = {x["index"]: x["score"] for x in raw.json()}
     sigmoid = {i: 1 / (1 + np.exp(-v)) for i, v in logits.items()}
     assert [sigmoid[i] for i in range(len(DOCUMENTS))] == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_cohere_and_jina_rerank_score_as_predict(served: tuple[Any, TestClient]) -> None:
+    """Every rerank route: Cohere's v2 and the Jina/vLLM shape apply the folder's own
+    activation (Sigmoid), as `CrossEncoder.predict`; Cohere's `max_tokens_per_doc` cuts each
+    document to its first tokens first."""
+    model, client = served
+    expected = model.predict([[QUERY, d] for d in DOCUMENTS])
+    order = [x["corpus_id"] for x in model.rank(QUERY, DOCUMENTS)]
+    assert client.get("/info").json()["model"]["score_activation"] == "sigmoid"
+    jina = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS}).json()
+    assert [x["index"] for x in jina["results"]] == order
+    got = [x["relevance_score"] for x in jina["results"]]
+    assert got == pytest.approx([float(expected[i]) for i in order], abs=TOLERANCE)
+    body = {"query": QUERY, "documents": DOCUMENTS, "top_n": 2}
+    cohere = client.post("/v2/rerank", json=body).json()
+    assert [x["index"] for x in cohere["results"]] == order[:2]
+    cut = client.post("/v2/rerank", json={**body, "top_n": None, "max_tokens_per_doc": 3}).json()
+    three = model.predict([[QUERY, " ".join(d.split()[:3])] for d in DOCUMENTS])  # a word a token
+    by_index = {x["index"]: x["relevance_score"] for x in cut["results"]}
+    assert [by_index[i] for i in range(len(DOCUMENTS))] == pytest.approx(three, abs=TOLERANCE)
 
 
 def test_pairs_alone_and_in_shared_batches(served: tuple[Any, TestClient]) -> None:
@@ -209,8 +231,16 @@ def test_real_server_serves_an_llm_reranker(
     assert [x["index"] for x in ranked] == [x["corpus_id"] for x in model.rank(QUERY, texts)]
     by_index = {x["index"]: x["score"] for x in ranked}
     assert [by_index[i] for i in range(len(texts))] == pytest.approx(expected, abs=TOLERANCE)
+    import cohere
+
+    sdk = cohere.ClientV2(api_key="unused", base_url=server.url, max_retries=0, timeout=60)
+    out = sdk.rerank(model="m", query=QUERY, documents=texts)
+    assert [r.index for r in out.results] == [x["index"] for x in ranked]
+    assert [r.relevance_score for r in out.results] == pytest.approx(
+        [float(expected[x["index"]]) for x in ranked], abs=TOLERANCE
+    )
     doc = server.get("/openapi.json").json()
-    assert {"/", "/rerank", "/predict", "/tokenize", "/decode"} <= set(doc["paths"])
+    assert {"/", "/rerank", "/v1/rerank", "/v2/rerank", "/predict"} <= set(doc["paths"])
     config = Path(__file__).parent / "protocols" / "schemathesis.toml"
     command = [
         str(Path(sys.executable).with_name("schemathesis")),
