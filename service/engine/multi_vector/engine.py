@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,8 +55,6 @@ class MultiVectorEngine:
     def __init__(
         self, pipe: Any, info: ModelInfo, config: MultiVectorConfig, backend: Backend
     ) -> None:
-        from pathlib import Path
-
         self.pipe, self.info, self.config, self.backend = pipe, info, config, backend
         tok = pipe.tokenizer
         self.tok = tok
