@@ -223,6 +223,7 @@ def test_every_setting_is_reachable_from_values() -> None:
         "server.dtype=float32",
         "server.maxBatchTokens=4096",
         "server.calibrationFile=/calibration/texts.txt",
+        "server.longInputs=chunk",
         "apiKey.value=k",
     )
     rendered |= set(env_map(server_container(optional)))
@@ -236,6 +237,7 @@ def test_schema_choices_are_the_settings_choices() -> None:
         "dtype": "dtype",
         "logLevel": "log_level",
         "logFormat": "log_format",
+        "longInputs": "long_inputs",
     }
     for value, field in fields.items():
         allowed = set(typing.get_args(Settings.model_fields[field].annotation))
