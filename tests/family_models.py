@@ -43,8 +43,8 @@ def _tokenizer(folder: Path, padding_side: str = "right") -> Any:
 
 
 def backbone(kind: str, folder: Path, seed: int = 0) -> Path:
-    """A tiny random backbone of `kind` (bert, bert-mlm, modernbert, xlm-roberta, qwen3,
-    gemma3, gemma3-bidirectional) with the WordPiece tokenizer, saved in `folder`."""
+    """A tiny random backbone of `kind` (bert, bert-mlm, modernbert, xlm-roberta, mpnet,
+    qwen3, gemma3, gemma3-bidirectional) with the WordPiece tokenizer, saved in `folder`."""
     import torch
     import transformers as t
 
@@ -65,6 +65,7 @@ def backbone(kind: str, folder: Path, seed: int = 0) -> Path:
         "bert": lambda: t.BertModel(t.BertConfig(**small)),
         "bert-mlm": lambda: t.BertForMaskedLM(t.BertConfig(**small)),
         "xlm-roberta": lambda: t.XLMRobertaModel(t.XLMRobertaConfig(**small)),
+        "mpnet": lambda: t.MPNetModel(t.MPNetConfig(**small)),
         "modernbert": lambda: t.ModernBertModel(
             t.ModernBertConfig(
                 **small,

@@ -11,6 +11,7 @@ class TorchBackend:
     """`model(**inputs)[0]` on `device`, under `torch.inference_mode`, as float32 on the CPU."""
 
     name = "torch"
+    compute = "padded"  # every batch padded to its longest input (`service.backends.packed`)
 
     def __init__(self, model: Any, device: Any) -> None:
         self.model = model
