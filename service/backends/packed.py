@@ -179,6 +179,9 @@ class PackedTorchBackend(TorchBackend):
 
 def torch_backend(model: Any, device: Any) -> TorchBackend:
     """The packed backend where `model` supports it, else the padded `TorchBackend`."""
-    if unsupported(model) is None:
+    why = unsupported(model)
+    if why is None:
         return PackedTorchBackend(model, device)
-    return TorchBackend(model, device)
+    padded = TorchBackend(model, device)
+    padded.padded_because = why
+    return padded

@@ -12,6 +12,7 @@ class TorchBackend:
 
     name = "torch"
     compute = "padded"  # every batch padded to its longest input (`service.backends.packed`)
+    padded_because: str | None = None  # why it is not packed, for /info
 
     def __init__(self, model: Any, device: Any) -> None:
         self.model = model

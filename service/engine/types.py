@@ -83,6 +83,9 @@ class ModelInfo:
     # object (the served one, each candidate's inputs/s and quality, the choice's seconds).
     backend: str = "torch"
     backend_summary: Mapping[str, Any] = field(default_factory=dict)
+    # "packed": batches compute their real tokens only (`service.backends.packed`); "padded":
+    # inputs x the longest. The batch policy and its cost model count tokens this way.
+    compute: str = "padded"
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -106,7 +109,8 @@ class ModelInfo:
             "sparse": self.output is Output.SPARSE,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
-            "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
+            "backend": dict(self.backend_summary)
+            or {"name": self.backend, "dtype": self.dtype, "compute": self.compute},
         }
 
 

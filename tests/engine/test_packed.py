@@ -19,11 +19,11 @@ import pytest
 from family_models import backbone, sentence_model, splade_model
 from models import WORDS, build
 
+from service.backends.candidates import native_bf16
 from service.backends.packed import PackedTorchBackend, torch_backend, unsupported
 from service.backends.packing import Packing
-from service.backends.select import native_bf16
 from service.backends.torch_backend import TorchBackend
-from service.engine.encoder import EncoderEngine
+from service.engine.forward.encoder import EncoderEngine
 from service.engine.jobs import Op, Unit
 from service.engine.loading import load_engine
 from service.settings import Settings
@@ -278,3 +278,44 @@ def test_minilm_packed_bfloat16_keeps_float32_vectors(minilm: EncoderEngine) -> 
         a = np.stack(padded.run(padded.prepare_many(units)))
         b = np.stack(packed.run(packed.prepare_many(units)))
         assert (a * b).sum(-1).min() >= MIN_COSINE  # both normalized: the dot is the cosine
+
+
+# -- what is served, and /info ------------------------------------------------------------------
+
+
+def test_info_says_which_models_run_packed(folders: dict[str, Path], tmp_path: Path) -> None:
+    from helpers import app_client
+
+    with app_client(folders["bert"]) as client:
+        backend = client.get("/info").json()["model"]["backend"]
+    assert (backend["name"], backend["dtype"], backend["compute"]) == ("torch", "float32", "packed")
+    assert backend["candidates"][0]["quality"]["passes"]  # checked against padded at start
+    modern = load_engine(
+        Settings(model_id=str(sentence_model(tmp_path / "m", "modernbert", ("mean",))))
+    )
+    summary = modern.info.summary()["backend"]
+    assert modern.info.compute == summary["compute"] == "padded"
+    assert "model type modernbert" in summary["padded_because"]
+    fill_mask = load_engine(
+        Settings(model_id=str(folders["splade"]), pooling="none", task="fill-mask")
+    )
+    assert fill_mask.info.compute == "padded"  # the pipeline's own forward
+
+
+def test_a_packed_forward_that_fails_at_start_falls_back_to_padded(
+    folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers import captured_logs
+
+    from service.backends import candidates, packed
+
+    def broken(self: Any, inputs: Any) -> Any:
+        raise RuntimeError("no kernel for this shape")
+
+    monkeypatch.setattr(packed.PackedForward, "__call__", broken)
+    with captured_logs(candidates) as logs:
+        engine = load_engine(Settings(model_id=str(folders["classifier"])))
+    assert engine.info.compute == "padded"
+    assert "no kernel" in engine.info.summary()["backend"]["padded_because"]
+    (line,) = [x for x in logs if x["event"] == "packed_fallback"]
+    assert "no kernel" in line["reason"]
