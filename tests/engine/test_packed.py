@@ -153,6 +153,35 @@ def test_packing_moves_rows_both_ways() -> None:
     assert Packing.of(torch.ones(2, 3)).full  # nothing to pack: a reshape
 
 
+def test_attention_groups_sequences_of_similar_length_and_equals_one_padded_call() -> None:
+    """Long sequences of different lengths attend alone, short ones together, and the answer
+    is one padded SDPA's over the whole batch (with MPNet's kind of bias too)."""
+    import torch
+    import torch.nn.functional as F
+
+    lengths = [88, 10, 12, 60, 11, 3]
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    packing = Packing.of(mask)
+    assert [(g.width, g.count) for g in packing.groups] == [(88, 1), (60, 1), (12, 4)]
+    assert Packing.of(torch.ones(3, 7)).groups[0].count == 3  # no padding: one call
+    torch.manual_seed(0)
+    heads, width = 4, 32
+    q, k, v = (torch.randn(packing.tokens, width) for _ in range(3))
+    bias = torch.randn(1, heads, 88, 88)
+    bias = bias + bias.transpose(-1, -2)  # any bias a sequence's own positions index
+    for b in (None, bias):
+        shape = (len(lengths), 88, heads, width // heads)
+        qh, kh, vh = (packing.unpack(x).view(shape).transpose(1, 2) for x in (q, k, v))
+        keys = mask.bool()[:, None, None, :]
+        full = keys if b is None else torch.where(keys, b, torch.finfo(torch.float32).min)
+        expected = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=full, scale=0.3)
+        expected = packing.pack(expected.transpose(1, 2).reshape(len(lengths), 88, width))
+        got = packing.attend(q, k, v, heads=heads, scale=0.3, bias=b)
+        assert (got - expected).abs().max() <= FLOAT32
+
+
 def test_models_it_cannot_pack_run_padded(tmp_path: Path) -> None:
     from transformers import AutoModel
 
