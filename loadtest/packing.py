@@ -1,6 +1,7 @@
 """In process: what padding costs each backend, and what packed batches give back.
 
     python -m loadtest.packing [--n 2000] [--budget-s 12] [--rounds 4] [--corpus short]
+                               [--threads N]
 
 For each backend and dtype served here (torch float32, torch bfloat16 where the CPU has it,
 onnxruntime float32), built as the server builds it (`load_engine` with BACKEND/DTYPE), the
@@ -103,14 +104,17 @@ class Timed:
         return 1000 * self.cpu_s / self.inputs if self.inputs else 0.0
 
 
-def measure(texts: list[str], budget_s: float, rounds: int) -> list[dict[str, Any]]:
+def measure(
+    texts: list[str], budget_s: float, rounds: int, threads: int | None = None
+) -> list[dict[str, Any]]:
     from service.engine.loading import load_engine
     from service.settings import Settings
 
     rows: list[dict[str, Any]] = []
     lengths: list[int] | None = None
     for backend, dtype in BACKENDS:
-        engine = load_engine(Settings(backend=backend, dtype=dtype))  # type: ignore[arg-type]
+        settings = Settings(backend=backend, dtype=dtype, torch_num_threads=threads)  # type: ignore[arg-type]
+        engine = load_engine(settings)
         if (engine.info.backend, engine.info.dtype) != (backend, dtype):
             rows.append({"backend": backend, "dtype": dtype, "skipped": "not served here"})
             continue
@@ -182,10 +186,13 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=12.0, help="seconds per way")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds")
     parser.add_argument("--corpus", choices=("short", "mixed"), default="short")
+    parser.add_argument(
+        "--threads", type=int, help="torch and onnxruntime threads (default: the server's)"
+    )
     args = parser.parse_args()
     make = short_inputs if args.corpus == "short" else mixed_inputs
     texts = [str(t) for t in make(args.n)]
-    print(table(measure(texts, args.budget_s, args.rounds)))
+    print(table(measure(texts, args.budget_s, args.rounds, args.threads)))
 
 
 if __name__ == "__main__":
