@@ -1,5 +1,5 @@
-"""loadtest.packing: the batches it times, the tokens they compute, its table, and one short
-run of its own engines (the padded and packed ways give the same vectors)."""
+"""loadtest.experiments.packing: the batches it times, the tokens they compute, its table,
+and one short run of its own engines (the padded and packed ways give the same vectors)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from models import build_sentence_model
 
-from loadtest import packing
+from loadtest.experiments import packing
 from service.engine.jobs import Op, Unit
 from service.engine.loading import load_engine
 from service.settings import Settings

@@ -1,6 +1,6 @@
 """In process: what padding costs each backend, and what packed batches give back.
 
-    python -m loadtest.packing [--n 2000] [--budget-s 12] [--rounds 4] [--corpus short]
+    python -m loadtest.experiments.packing [--n 2000] [--budget-s 12] [--rounds 4] [--corpus short]
                                [--threads N]
 
 For each backend and dtype served here (torch float32, torch bfloat16 where the CPU has it,
