@@ -44,7 +44,7 @@ def _tokenizer(folder: Path, padding_side: str = "right") -> Any:
 
 
 def backbone(kind: str, folder: Path, seed: int = 0) -> Path:
-    """A tiny random backbone of `kind` (bert, bert-mlm, modernbert, xlm-roberta, qwen3,
+    """A tiny random backbone of `kind` (bert, bert-mlm, modernbert, xlm-roberta, mpnet, qwen3,
     gemma3, gemma3-bidirectional, opt-projected: an OPT decoder whose forward projects its
     HIDDEN-wide states down to PROJECTED, as OPT-350m does) with the WordPiece tokenizer,
     saved in `folder`."""
@@ -68,6 +68,7 @@ def backbone(kind: str, folder: Path, seed: int = 0) -> Path:
         "bert": lambda: t.BertModel(t.BertConfig(**small)),
         "bert-mlm": lambda: t.BertForMaskedLM(t.BertConfig(**small)),
         "xlm-roberta": lambda: t.XLMRobertaModel(t.XLMRobertaConfig(**small)),
+        "mpnet": lambda: t.MPNetModel(t.MPNetConfig(**small)),
         "modernbert": lambda: t.ModernBertModel(
             t.ModernBertConfig(
                 **small,

@@ -48,7 +48,7 @@ class FakeBackend:
     """Costs `per_input` fake seconds per input; answers `REFERENCE` plus `noise`."""
 
     def __init__(self, clock: FakeClock, per_input: float, noise: float, dtype: str) -> None:
-        self.name, self.dtype = "fake", dtype
+        self.name, self.dtype, self.compute = "fake", dtype, "padded"
         self.clock, self.per_input, self.noise = clock, per_input, noise
 
     def forward(self, inputs: Mapping[str, Any]) -> Any:
@@ -155,7 +155,7 @@ class CostBackend:
     `noise`; counts its calls."""
 
     def __init__(self, clock: FakeClock, fixed: float, per_token: float, noise: float) -> None:
-        self.name, self.dtype = "fake", f"{fixed}+{per_token}"
+        self.name, self.dtype, self.compute = "fake", f"{fixed}+{per_token}", "padded"
         self.clock, self.fixed, self.per_token, self.noise = clock, fixed, per_token, noise
         self.calls = 0
 

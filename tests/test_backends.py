@@ -106,6 +106,9 @@ def test_auto_serves_the_fastest_candidate_that_passes(embedded_model: Path) -> 
     assert (chosen.info.backend, chosen.info.dtype) == (best["backend"], best["dtype"])
     (line,) = [e for e in logs if e["event"] == "backend_chosen"]
     assert line["name"] == best["backend"] and len(line["candidates"]) == len(expected)
+    # all-MiniLM-L6-v2 is a BERT: torch computes it packed; the ONNX graph takes padded batches
+    assert {(r["backend"], r["compute"]) for r in rows} == {("torch", "packed"), ("onnx", "padded")}
+    assert chosen.info.compute == summary["compute"] == best["compute"]
     assert chosen.info.summary()["backend"]["candidates"] == rows
 
 

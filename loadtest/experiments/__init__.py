@@ -13,9 +13,10 @@ options and runner (``python -m loadtest.experiments.bench --only NAME``):
 | ``pooled`` | ``pooled`` | pooled embeddings (the default) beside token rows on mixed inputs |
 
 The others are scripts of their own (``python -m loadtest.experiments.<module> --help``):
-``backends`` (each backend's speed and quality in process), ``soak`` (each backend's RSS over
-changing batch shapes), ``probe_latency`` (sheds and /livez on a saturated server beside the
-client's floor), ``replicas`` (three replicas behind HAProxy: rolling update, slow replica,
-storm; ``make replicas``), ``int8_quality`` (how much of float's similarity ranking int8 and
-uint8 embeddings keep on the corpus: docs/api.md, int8 and uint8).
+``backends`` (each backend's speed and quality in process), ``packing`` (each backend's
+batches of 32 in arrival order padded and packed beside length-sorted padded), ``soak`` (each
+backend's RSS over changing batch shapes), ``probe_latency`` (sheds and /livez on a saturated
+server beside the client's floor), ``replicas`` (three replicas behind HAProxy: rolling update,
+slow replica, storm; ``make replicas``), ``int8_quality`` (how much of float's similarity
+ranking int8 and uint8 embeddings keep on the corpus: docs/api.md, int8 and uint8).
 """

@@ -7,6 +7,8 @@ state [B, L, H] of an encoder, the logits [B, labels] of a classifier, the logit
 of a masked-LM model.
 
 - `service.backends.torch_backend`: the transformers model in float32, bfloat16 or float16.
+- `service.backends.packed`: the same, padding-free, for BERT-family encoders
+  (`service.backends.packing`: where a batch's real tokens lie, attention over them).
 - `service.backends.onnx_backend`: onnxruntime on an exported graph (float32, or int8).
 - `service.backends.export`: the ONNX export and its cache.
 - `service.backends.ranking`: timing and checking candidates against torch float32 at start.
@@ -24,6 +26,7 @@ class Backend(Protocol):
 
     name: str  # "torch" or "onnx"
     dtype: str  # "float32", "bfloat16", "float16" or "int8"
+    compute: str  # "packed" (real tokens only, `service.backends.packed`) or "padded"
 
     def forward(self, inputs: Mapping[str, Any]) -> Any:
         """The model's first output for `inputs` (int64 CPU tensors [B, L] by input name) as a

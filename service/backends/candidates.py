@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from service.backends import Backend
+from service.backends.packed import torch_backend
 from service.backends.ranking import (
     Candidate,
     Compare,
@@ -73,9 +74,13 @@ class Choice:
         out: dict[str, Any] = {
             "name": self.backend.name,
             "dtype": self.backend.dtype,
+            "compute": self.backend.compute,
             "choice_s": round(self.seconds, 2),
             "candidates": [m.summary() for m in self.measured],
         }
+        padded_because = getattr(self.backend, "padded_because", None)
+        if self.backend.compute == "padded" and padded_because:
+            out["padded_because"] = padded_because
         if self.small_batches:
             out["small_batches"] = self.small_batches
         if self.note:
@@ -100,12 +105,9 @@ def choose_backend(settings: Any, pipe: Any, folder: Path | None, trial: Trial) 
     reference = TorchBackend(pipe.model, pipe.device)
     candidates = allowed(settings, pipe, folder, reference, trial.quality_inputs)
     explicit = settings.backend != "auto" and settings.dtype != "auto"
-    if (
-        len(candidates) == 1
-        and candidates[0].backend == "torch"
-        and candidates[0].dtype == "float32"
-    ):
-        return _logged(Choice(reference, (Measured("torch", "float32"),), 0.0))
+    only = candidates[0] if len(candidates) == 1 else None
+    if only is not None and (only.backend, only.dtype) == ("torch", "float32"):
+        return _logged(_float32_only(reference, only, trial))
     expected = reference.forward(trial.quality_inputs)
     results = [
         measure(c, expected, trial.quality_inputs, trial.timing, trial.compare) for c in candidates
@@ -161,7 +163,7 @@ def allowed(
             Candidate("onnx", "int8", lambda: int8.backend(_graph(pipe, folder, example), threads))
         ]
     if backend in ("auto", "torch") and dtype in ("auto", "float32"):
-        out.append(Candidate("torch", "float32", lambda: ref))
+        out.append(Candidate("torch", "float32", lambda: _packed_or(ref, pipe.model, cuda)))
     if backend in ("auto", "onnx") and dtype in ("auto", "float32") and not cuda:
         out.append(
             Candidate(
@@ -178,7 +180,45 @@ def allowed(
 
 
 def _torch(pipe: Any, dtype: str) -> Any:
-    return lambda: TorchBackend(converted(pipe.model, dtype), pipe.device)
+    cuda = str(pipe.device).startswith("cuda")
+    return lambda: _packed_or(None, converted(pipe.model, dtype), cuda, pipe.device)
+
+
+def _packed_or(padded: TorchBackend | None, model: Any, cuda: bool, device: Any = "cpu") -> Any:
+    """`model` packed (`service.backends.packed`) on the CPU where it supports it; else
+    `padded` (or a padded backend on `model`), saying why in /info (`padded_because`).
+    On CUDA batches stay padded (packing is measured and tested on the CPU only)."""
+    if cuda:
+        chosen = padded or TorchBackend(model, device)
+        chosen.padded_because = "packed batches run on the CPU only"
+        return chosen
+    chosen = torch_backend(model, device)
+    if chosen.compute == "padded" and padded is not None:
+        padded.padded_because = chosen.padded_because
+        return padded
+    return chosen
+
+
+def _float32_only(reference: TorchBackend, candidate: Candidate, trial: Trial) -> Choice:
+    """BACKEND=torch DTYPE=float32: the one candidate, unmeasured; when it is packed, its
+    answers on the quality texts are checked against the padded reference first, and a
+    packed forward that fails them (or raises) falls back to padded with one log line."""
+    started = time.perf_counter()
+    served = candidate.build()
+    quality = None
+    if served is not reference:
+        inputs = trial.quality_inputs
+        try:
+            quality = trial.compare(reference.forward(inputs), served.forward(inputs))
+            failed = None if quality.passes() else "below the quality checks"
+        except Exception as exc:
+            failed = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        if failed is not None:
+            log.warning("packed_fallback", to="padded", reason=failed)
+            reference.padded_because = f"the packed forward failed at start: {failed}"
+            served, quality = reference, None
+    measured = Measured("torch", "float32", quality=quality, compute=served.compute)
+    return Choice(served, (measured,), time.perf_counter() - started)
 
 
 def _graph(pipe: Any, folder: Path | None, example: Mapping[str, Any]) -> Path:

@@ -36,6 +36,8 @@ class OnnxBackend:
     """An onnxruntime session over `path`, fed the inputs its graph names (others dropped)."""
 
     name = "onnx"
+    compute = "padded"
+    padded_because = "the exported graph takes padded [B, L] inputs (docs/backends.md)"
 
     def __init__(self, path: Path, threads: int, dtype: str = "float32") -> None:
         import onnxruntime as ort

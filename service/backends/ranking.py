@@ -74,6 +74,7 @@ class Measured:
     quality: Quality | None = None
     padded_tokens: Mapping[int, int] = field(default_factory=dict)  # each timing batch's B x L
     error: str | None = None
+    compute: str = "padded"  # "packed": real tokens only (`service.backends.packed`)
 
     @property
     def passed(self) -> bool:
@@ -108,6 +109,7 @@ class Measured:
     def summary(self) -> dict[str, Any]:
         """One row of /info's `candidates` and the start log line."""
         row: dict[str, Any] = {"backend": self.backend, "dtype": self.dtype}
+        row["compute"] = self.compute
         row["inputs_per_s"] = {str(b): round(v, 1) for b, v in sorted(self.inputs_per_s.items())}
         if self.quality is not None:
             row["quality"] = self.quality.summary()
@@ -151,7 +153,10 @@ def measure(
     except Exception as exc:
         why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         return Measured(candidate.backend, candidate.dtype, error=why), None
-    return Measured(candidate.backend, candidate.dtype, speeds, quality, tokens), backend
+    compute = str(getattr(backend, "compute", "padded"))
+    return Measured(
+        candidate.backend, candidate.dtype, speeds, quality, tokens, compute=compute
+    ), backend
 
 
 def fastest_passing(measured: Sequence[Measured]) -> int | None:

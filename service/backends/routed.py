@@ -16,11 +16,12 @@ from service.backends import Backend
 
 class RoutedBackend:
     """`small.forward` for batches of at most `max_tokens` padded tokens (B x L), else
-    `large.forward`. Its name and dtype are `large`'s: the one that computes under load."""
+    `large.forward`. Its name, dtype and compute are `large`'s: the one that computes under
+    load."""
 
     def __init__(self, small: Backend, large: Backend, max_tokens: int) -> None:
         self.small, self.large, self.max_tokens = small, large, max_tokens
-        self.name, self.dtype = large.name, large.dtype
+        self.name, self.dtype, self.compute = large.name, large.dtype, large.compute
 
     def backend_for(self, padded_tokens: int) -> Backend:
         return self.small if padded_tokens <= self.max_tokens else self.large

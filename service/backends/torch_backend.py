@@ -11,6 +11,8 @@ class TorchBackend:
     """`model(**inputs)[0]` on `device`, under `torch.inference_mode`, as float32 on the CPU."""
 
     name = "torch"
+    compute = "padded"  # every batch padded to its longest input (`service.backends.packed`)
+    padded_because: str | None = None  # why it is not packed, for /info
 
     def __init__(self, model: Any, device: Any) -> None:
         self.model = model

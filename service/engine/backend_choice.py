@@ -60,6 +60,7 @@ def serve_chosen_backend(
         backend=choice.backend.name,
         dtype=choice.backend.dtype,
         backend_summary=MappingProxyType(choice.summary()),
+        compute=choice.backend.compute,
     )
     return engine
 

@@ -94,6 +94,9 @@ class ModelInfo:
     # A cross-encoder's activation of its logit, as `CrossEncoder.predict` applies it
     # (`st_config.score_activation`): "sigmoid", "identity", "tanh", or the class it names.
     score_activation: str = "sigmoid"
+    # "packed": batches compute their real tokens only (`service.backends.packed`); "padded":
+    # inputs x the longest. The batch policy and its cost model count tokens this way.
+    compute: str = "padded"
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
@@ -118,7 +121,8 @@ class ModelInfo:
             "multi_vector": dict(self.multi_vector) if self.multi_vector else None,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
-            "backend": dict(self.backend_summary) or {"name": self.backend, "dtype": self.dtype},
+            "backend": dict(self.backend_summary)
+            or {"name": self.backend, "dtype": self.dtype, "compute": self.compute},
             "calibration": dict(self.calibration) if self.calibration else None,
             "score_activation": (
                 self.score_activation if self.output is Output.CLASSIFIER else None

@@ -18,7 +18,9 @@ E = TypeVar("E", bound=Engine)
 
 @dataclass(frozen=True)
 class BatchCost:
-    """A batch of `padded` tokens costs `sec_per_token x (overhead_tokens + padded)` seconds."""
+    """A batch computing `tokens` tokens costs `sec_per_token x (overhead_tokens + tokens)`
+    seconds (`service.engine.batching.policy.computed_tokens`: real tokens when packed, inputs
+    x longest when padded)."""
 
     overhead_tokens: float
     sec_per_token: float
@@ -35,7 +37,8 @@ def sample_unit(info: ModelInfo, text: str) -> Unit:
 
 def calibrate(engine: Engine) -> BatchCost:
     """Fit the batch cost model from a 1 x 64-token batch and a 16 x 64-token batch, best of 3
-    each (warm, unlike the first call). Both are 64 tokens long, so the fitted overhead also
+    each (warm, unlike the first call). Both are 64 tokens long (no padding: packed and padded
+    batches compute the same tokens), so the fitted overhead also
     holds what large batches gain per token (better-filled matrix products), not only the
     fixed cost of a call. Clamped to [8, 4096] tokens. The selector trades padding against the
     overhead; admission starts from this model."""

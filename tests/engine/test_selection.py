@@ -1,4 +1,5 @@
-"""Padding-aware selection: the partition is optimal, bounds hold, nothing starves."""
+"""Batch selection: the padded partition is optimal, packed batches take the oldest, bounds
+hold (MAX_BATCH_SIZE, MAX_BATCH_TOKENS in the tokens a batch computes), nothing starves."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import random
 
 import pytest
 
-from service.engine.batching.policy import MAX_PASSES, best_run, partition
+from service.engine.batching.policy import (
+    MAX_PASSES,
+    best_run,
+    computed_tokens,
+    next_batch,
+    oldest_run,
+    partition,
+)
 
 
 def cost(tokens: list[int], runs: list[tuple[int, int]], overhead: float) -> float:
@@ -79,3 +87,82 @@ def test_nothing_starves_under_a_steady_stream_of_short_inputs() -> None:
             pool.append((5, name))
             passes[name] = 0
     raise AssertionError("the long input starved")
+
+
+# -- packed batches: real tokens, arrival order ---------------------------------------------
+
+
+def test_a_batch_computes_its_real_tokens_packed_and_inputs_x_longest_padded() -> None:
+    assert computed_tokens([10, 20, 30, 40], packed=True) == 100
+    assert computed_tokens([10, 20, 30, 40], packed=False) == 160
+    assert computed_tokens([], packed=True) == computed_tokens([], packed=False) == 0
+
+
+def test_packed_batches_take_the_oldest_within_max_batch_size_and_max_batch_tokens() -> None:
+    tokens = [30, 500, 40, 10, 20, 50]  # in arrival order
+    assert oldest_run(tokens, must=None, max_size=32, max_tokens=None) == [0, 1, 2, 3, 4, 5]
+    assert oldest_run(tokens, must=None, max_size=3, max_tokens=None) == [0, 1, 2]
+    # the budget counts real tokens: 30 + 500 + 40 = 570 fits 570 exactly, 10 more does not
+    assert oldest_run(tokens, must=None, max_size=32, max_tokens=570) == [0, 1, 2]
+    # the first that does not fit ends the batch (FIFO), even where a later one would fit
+    assert oldest_run(tokens, must=None, max_size=32, max_tokens=100) == [0]
+    assert oldest_run(tokens[1:], must=None, max_size=32, max_tokens=100) == [0]  # alone
+    assert oldest_run(tokens, must=4, max_size=3, max_tokens=None) == [4, 0, 1]  # forced first
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_next_batch_bounds_hold_for_both_ways_of_computing(seed: int) -> None:
+    rng = random.Random(seed)
+    tokens = [rng.randint(3, 400) for _ in range(rng.randint(1, 40))]
+    max_size, max_tokens = rng.randint(1, 32), rng.choice([None, 256, 1024, 4096])
+    for packed in (True, False):
+        must = rng.randrange(len(tokens)) if rng.random() < 0.3 else None
+        picked = next_batch(
+            tokens,
+            must=must,
+            max_size=max_size,
+            max_tokens=max_tokens,
+            overhead_tokens=64,
+            packed=packed,
+        )
+        chosen = [tokens[i] for i in picked]
+        assert picked and len(set(picked)) == len(picked) <= max_size
+        assert must is None or must in picked
+        if max_tokens is not None and len(picked) > 1:
+            assert computed_tokens(chosen, packed=packed) <= max_tokens
+        if packed and must is None:
+            assert picked == list(range(len(picked)))  # the oldest, in order
+
+
+def test_padded_next_batch_is_the_best_sorted_run() -> None:
+    tokens = [300, 3, 310, 4, 5, 320, 50, 60]  # arrival order; sorted as in the old test
+    picked = next_batch(
+        tokens, must=None, max_size=32, max_tokens=None, overhead_tokens=200, packed=False
+    )
+    assert sorted(tokens[i] for i in picked) == [300, 310, 320]
+    picked = next_batch(
+        tokens, must=3, max_size=32, max_tokens=None, overhead_tokens=200, packed=False
+    )
+    assert sorted(tokens[i] for i in picked) == [3, 4, 5, 50, 60]
+
+
+def test_the_cost_model_counts_the_tokens_a_batch_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches of inputs 10, 20, 30 and 40 tokens long: packed, the estimate learns 25 tokens
+    an input (their mean), padded 40 (the longest); a fake clock stands still meanwhile."""
+    from service.engine.batching import cost
+
+    monkeypatch.setattr(cost.time, "monotonic", lambda: 1000.0)
+    lengths = [10, 20, 30, 40]
+    for packed, per_input in ((True, 25.0), (False, 40.0)):
+        estimate = cost.ServiceTimeEstimate(overhead_tokens=50.0, max_batch_size=4)
+        computed = computed_tokens(lengths, packed=packed)
+        for _ in range(100):  # the moving averages forget their start (0.8^100)
+            estimate.observe(1e-3 * (50 + computed), len(lengths), computed)
+        assert estimate.tokens_per_input == pytest.approx(per_input)
+        assert estimate.sec_per_token == pytest.approx(1e-3)
+        # 8 queued: two batches of overhead plus 8 inputs' computed tokens
+        assert estimate.predicted_wait(8) == pytest.approx(1e-3 * (2 * 50 + 8 * per_input))
+        estimate.batch_started(computed)  # a running batch adds what it computes
+        assert estimate.predicted_wait(0) == pytest.approx(1e-3 * (50 + computed))

@@ -139,6 +139,7 @@ class Batcher:
         self.estimate.sec_per_token = cost.sec_per_token
         loaded_s = time.monotonic() - started
         self.info = engine.info
+        self.forming.packed = self.runner.packed = engine.info.compute == "packed"
         metrics.MODEL_LOAD_SECONDS.set(loaded_s)
         metrics.TORCH_THREADS.set(engine.info.torch_threads)
         log.info(

@@ -1,14 +1,15 @@
 """The service-time estimate behind deadline-aware shedding and `Retry-After`.
 
 The cost model is the one the batch selector uses (`service.engine.batching.policy`): a batch
-of n inputs padded to L tokens takes `sec_per_token x (overhead_tokens + n x L)`.
-`sec_per_token` and the padded tokens per input are exponentially weighted moving averages over
-every batch run, so the estimate follows the lengths and batch sizes the load actually forms (a
-per-input average fed by single-input batches would overstate the cost of a burst that runs in
-full batches).
+takes `sec_per_token x (overhead_tokens + computed tokens)`, where the computed tokens are what
+the forward computes (`policy.computed_tokens`: n inputs padded to L tokens compute n x L, a
+packed batch only its real tokens). `sec_per_token` and the computed tokens per input are
+exponentially weighted moving averages over every batch run, so the estimate follows the
+lengths and batch sizes the load actually forms (a per-input average fed by single-input
+batches would overstate the cost of a burst that runs in full batches).
 
 With Q inputs queued, draining them takes about `ceil(Q / B)` batches of overhead plus
-`Q x tokens_per_input` padded tokens, plus what is left of the running batch: Little's law on
+`Q x tokens_per_input` computed tokens, plus what is left of the running batch: Little's law on
 a single server (Kleinrock, *Queueing Systems*, vol. 1) with a batch-aware service time.
 """
 
@@ -27,7 +28,7 @@ class ServiceTimeEstimate:
     """Batch cost model, written by the inference thread and read by the event loop: each
     field is one float, and a stale read only makes one admission decision one batch late.
 
-    Units: seconds per padded token; tokens; `batch_ends_at` is `time.monotonic()` seconds
+    Units: seconds per computed token; tokens; `batch_ends_at` is `time.monotonic()` seconds
     (0 when no batch runs).
     """
 
@@ -37,18 +38,19 @@ class ServiceTimeEstimate:
     max_batch_size: int = 32
     batch_ends_at: float = 0.0
 
-    def batch_seconds(self, padded_tokens: float) -> float:
-        return self.sec_per_token * (self.overhead_tokens + padded_tokens)
+    def batch_seconds(self, tokens: float) -> float:
+        return self.sec_per_token * (self.overhead_tokens + tokens)
 
-    def observe(self, seconds: float, inputs: int, padded_tokens: int) -> None:
-        """Fold in one finished batch of `inputs` inputs, `padded_tokens` in all, `seconds` long."""
-        sample = seconds / (self.overhead_tokens + padded_tokens)
+    def observe(self, seconds: float, inputs: int, tokens: int) -> None:
+        """Fold in one finished batch of `inputs` inputs, `tokens` computed tokens in all,
+        `seconds` long."""
+        sample = seconds / (self.overhead_tokens + tokens)
         self.sec_per_token += _ALPHA * (sample - self.sec_per_token)
-        per_input = padded_tokens / max(1, inputs)
+        per_input = tokens / max(1, inputs)
         self.tokens_per_input += _ALPHA * (per_input - self.tokens_per_input)
 
-    def batch_started(self, padded_tokens: int) -> None:
-        self.batch_ends_at = time.monotonic() + self.batch_seconds(padded_tokens)
+    def batch_started(self, tokens: int) -> None:
+        self.batch_ends_at = time.monotonic() + self.batch_seconds(tokens)
 
     def batch_finished(self) -> None:
         self.batch_ends_at = 0.0

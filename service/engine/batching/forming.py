@@ -17,7 +17,7 @@ import structlog
 from service import metrics
 from service.engine.batching import parts
 from service.engine.batching.cost import ServiceTimeEstimate
-from service.engine.batching.policy import MAX_PASSES, best_run
+from service.engine.batching.policy import MAX_PASSES, next_batch
 from service.engine.batching.queue import Item, WorkQueue
 from service.engine.batching.running import LastBatch
 from service.engine.jobs import NO_FORWARD
@@ -41,6 +41,7 @@ class BatchFormer:
         self.queue = queue
         self.estimate = estimate
         self.pool: list[Item] = []  # prepared, in arrival order
+        self.packed = False  # the forward computes real tokens only (`ModelInfo.compute`)
 
     def admit(self, engine: Engine, items: list[Item]) -> None:
         """Drop the cancelled and expired, tokenize the rest (exact length checks; one
@@ -146,8 +147,9 @@ class BatchFormer:
         self.queue.release(len(doomed))
 
     def select(self, last_s: float) -> list[Item]:
-        """The next batch from the pool, padding-aware (`service.engine.batching.policy`), with
-        any input passed over MAX_PASSES times or whose deadline is within 4 x `last_s`. Units
+        """The next batch from the pool (`service.engine.batching.policy`: padding-aware, or
+        the oldest when the forward is packed), with any input passed over MAX_PASSES times or
+        whose deadline is within 4 x `last_s`. Units
         of every op and parameter set share batches: parameters only change each unit's own
         tokenization and answer, never the forward."""
         now = time.monotonic()
@@ -156,15 +158,15 @@ class BatchFormer:
             i for i in self.pool if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s
         ]
         must = min(forced, key=lambda i: (i.deadline, i.enqueued_at)) if forced else None
-        group = sorted(self.pool, key=lambda i: i.tokens)
-        start, stop = best_run(
-            [i.tokens for i in group],
-            must=group.index(must) if must is not None else None,
+        picked = next_batch(
+            [i.tokens for i in self.pool],
+            must=self.pool.index(must) if must is not None else None,
             max_size=self.settings.max_batch_size,
             max_tokens=self.settings.max_batch_tokens,
             overhead_tokens=self.estimate.overhead_tokens,
+            packed=self.packed,
         )
-        return sorted(group[start:stop], key=lambda i: i.enqueued_at)
+        return sorted((self.pool[k] for k in picked), key=lambda i: i.enqueued_at)
 
     def fill(self, engine: Engine, batch: list[Item], last_s: float) -> list[Item]:
         """Wait up to MAX_BATCH_WAIT_MS, once per batch from when it starts forming, for more

@@ -1,21 +1,30 @@
-"""Padding-aware batch selection: which queued inputs run together.
+"""Batch selection: which queued inputs run together, and what a batch costs.
 
-On CPU a batch costs about `overhead + per_token x inputs x longest input`: every input is
-padded to the longest one. The inputs waiting (every op and parameter set), sorted by token
-count, are split into contiguous runs (at most MAX_BATCH_SIZE inputs and MAX_BATCH_TOKENS padded
-tokens each) that minimise the total cost, by dynamic programming over the sorted list (the
-optimal 1-D partition, O(inputs x MAX_BATCH_SIZE)). The run with the best efficiency
+How a batch is computed decides both (`ModelInfo.compute`, `service.backends.packed`):
 
-    real tokens / (overhead_tokens + inputs x longest)
+- **padded**: a batch costs about `overhead + per_token x inputs x longest input`: every input
+  is padded to the longest one. The waiting inputs (every op and parameter set), sorted by
+  token count, are split into contiguous runs (at most MAX_BATCH_SIZE inputs and
+  MAX_BATCH_TOKENS padded tokens each) that minimise the total cost, by dynamic programming
+  over the sorted list (the optimal 1-D partition, O(inputs x MAX_BATCH_SIZE)). The run with
+  the best efficiency
 
-goes first: well-filled runs run now, thin ones wait for company. On an idle server the only
-input is the only run, so it starts at once. The pool is re-split before every batch, so the
-grouping improves with load rather than in disjoint windows of arrivals.
+      real tokens / (overhead_tokens + inputs x longest)
 
-Starvation is bounded: an input passed over MAX_PASSES times, or whose deadline is near, must
-be in the next batch (earliest deadline first, then the oldest), which runs the run holding
-it; so an input waits behind at most MAX_PASSES batches plus those forced ahead of it, and FIFO
-order holds among inputs in that state.
+  goes first: well-filled runs run now, thin ones wait for company. On an idle server the only
+  input is the only run, so it starts at once. The pool is re-split before every batch, so the
+  grouping improves with load rather than in disjoint windows of arrivals.
+- **packed**: a batch costs about `overhead + per_token x real tokens` (the token-wise parts
+  run on the concatenated real tokens; attention, a small share at these lengths, runs per
+  group of similar lengths), so lengths need not match: the batch is the oldest inputs in
+  arrival order, at most MAX_BATCH_SIZE of them and MAX_BATCH_TOKENS real tokens (TEI's
+  `max-batch-tokens`); the first input that does not fit ends it and goes first next time.
+
+Either way a single input always runs, whatever its length. Starvation is bounded: an input
+passed over MAX_PASSES times, or whose deadline is near, must be in the next batch (earliest
+deadline first, then the oldest), which runs the run holding it (padded) or starts with it
+(packed); so an input waits behind at most MAX_PASSES batches plus those forced ahead of it,
+and FIFO order holds among inputs in that state.
 """
 
 from __future__ import annotations
@@ -72,3 +81,58 @@ def best_run(
         return real / (overhead_tokens + (stop - start) * tokens[stop - 1])
 
     return max(runs, key=efficiency)
+
+
+def computed_tokens(tokens: Sequence[int], *, packed: bool) -> int:
+    """The tokens a batch of inputs `tokens` tokens long computes: their sum when packed,
+    inputs x the longest when padded (0 for no inputs). The unit of the batch cost model
+    (`service.engine.batching.cost`) and of MAX_BATCH_TOKENS."""
+    if not tokens:
+        return 0
+    return sum(tokens) if packed else len(tokens) * max(tokens)
+
+
+def oldest_run(
+    tokens: Sequence[int], *, must: int | None, max_size: int, max_tokens: int | None
+) -> list[int]:
+    """The next packed batch from inputs `tokens` long, in arrival order: indices of `must`
+    (if given) then the oldest others, while the batch holds at most `max_size` inputs and
+    `max_tokens` real tokens; the first input always runs, and the first that does not fit
+    ends the batch (FIFO: it goes first next time)."""
+    order = list(range(len(tokens)))
+    if must is not None:
+        order.remove(must)
+        order.insert(0, must)
+    picked: list[int] = []
+    total = 0
+    for i in order[:max_size]:
+        if picked and max_tokens is not None and total + tokens[i] > max_tokens:
+            break
+        picked.append(i)
+        total += tokens[i]
+    return picked
+
+
+def next_batch(
+    tokens: Sequence[int],
+    *,
+    must: int | None,
+    max_size: int,
+    max_tokens: int | None,
+    overhead_tokens: float,
+    packed: bool,
+) -> list[int]:
+    """Indices into `tokens` (the waiting inputs' lengths, in arrival order) of the batch to
+    run next, as the module says for a `packed` or padded forward; `must`: the index of an
+    input that must be in it (starving or urgent), or None."""
+    if packed:
+        return oldest_run(tokens, must=must, max_size=max_size, max_tokens=max_tokens)
+    order = sorted(range(len(tokens)), key=lambda i: tokens[i])
+    start, stop = best_run(
+        [tokens[i] for i in order],
+        must=order.index(must) if must is not None else None,
+        max_size=max_size,
+        max_tokens=max_tokens,
+        overhead_tokens=overhead_tokens,
+    )
+    return order[start:stop]

@@ -15,6 +15,7 @@ import structlog
 
 from service import metrics
 from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.batching.policy import computed_tokens
 from service.engine.batching.queue import Item, WorkQueue
 from service.engine.types import Engine
 from service.errors import InferenceFailed
@@ -42,6 +43,7 @@ class BatchRunner:
         self.last = LastBatch()
         self.started_at: float | None = None
         self.running: list[Item] = []
+        self.packed = False  # the forward computes real tokens only (`ModelInfo.compute`)
 
     def run(self, engine: Engine, batch: list[Item]) -> None:
         """Compute `batch` (already out of the pool) and resolve each input's future; inputs
@@ -54,8 +56,8 @@ class BatchRunner:
         for item in live:
             metrics.QUEUE_WAIT.observe(now - item.enqueued_at)
         self.started_at = now
-        padded = len(live) * max(i.tokens for i in live)
-        self.estimate.batch_started(padded)
+        computed = computed_tokens([i.tokens for i in live], packed=self.packed)
+        self.estimate.batch_started(computed)
         self.running = live
         try:
             answers = self._answers(engine, live)
@@ -65,11 +67,11 @@ class BatchRunner:
         self.running = []
         took = time.monotonic() - now
         self.last = LastBatch(size=len(live), seconds=took)
-        self.estimate.observe(took, len(live), padded)
+        self.estimate.observe(took, len(live), computed)
         # Metrics and the batch's log line first: once the futures resolve, the event loop
         # wants the GIL to answer, and this thread holding it (and the log handler's lock)
         # meanwhile would delay every answer.
-        self._observe(live, now, took, padded)
+        self._observe(live, now, took, computed)
         for item, answer in zip(live, answers, strict=True):
             if isinstance(answer, BaseException):
                 item.future.set_exception(answer)
@@ -96,8 +98,9 @@ class BatchRunner:
         log.warning("batch_failed_splitting", batch_size=len(live))
         return [self._answers(engine, [item])[0] for item in live]
 
-    def _observe(self, live: list[Item], started: float, took: float, padded: int) -> None:
+    def _observe(self, live: list[Item], started: float, took: float, computed: int) -> None:
         tokens = [i.tokens for i in live]
+        padded = computed_tokens(tokens, packed=False)  # the batch's shape, B x L
         metrics.BATCH_SIZE.observe(len(live))
         metrics.BATCH_TOKENS.observe(padded)
         metrics.PADDING_EFFICIENCY.observe(sum(tokens) / padded)
@@ -107,6 +110,7 @@ class BatchRunner:
             "size": len(live),
             "tokens": sum(tokens),
             "padded_tokens": padded,
+            "computed_tokens": computed,
             "queue_wait_ms": round(1000 * (started - min(i.enqueued_at for i in live)), 2),
             "inference_ms": round(1000 * took, 2),
             "queue_depth": self.queue.depth,

@@ -1,0 +1,54 @@
+"""loadtest.experiments.packing: the batches it times, the tokens they compute, its table,
+and one short run of its own engines (the padded and packed ways give the same vectors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from models import build_sentence_model
+
+from loadtest.experiments import packing
+from service.engine.jobs import Op, Unit
+from service.engine.loading import load_engine
+from service.settings import Settings
+
+
+def test_batches_in_arrival_order_and_length_sorted() -> None:
+    lengths = [5, 40, 10, 30, 20]
+    assert packing.batches(lengths, 2, sort=False) == [[0, 1], [2, 3], [4]]
+    assert packing.batches(lengths, 2, sort=True) == [[0, 2], [4, 3], [1]]
+    arrival = packing.batches(lengths, 2, sort=False)
+    # padded: 2 x 40 + 2 x 30 + 20 = 160 tokens for 105 real; packed: 105
+    assert packing.computed_per_real(lengths, arrival, packed=False) == pytest.approx(160 / 105)
+    assert packing.computed_per_real(lengths, arrival, packed=True) == 1.0
+    ordered = packing.batches(lengths, 2, sort=True)
+    assert packing.computed_per_real(lengths, ordered, packed=False) == pytest.approx(120 / 105)
+
+
+def test_the_table_gives_each_way_against_arrival_order_padded() -> None:
+    rows = [
+        {"backend": "torch", "dtype": "float32", "order": "arrival", "compute": "padded",
+         "inputs_per_s": 100.0, "cpu_ms_per_input": 20.0, "computed_per_real": 1.86},
+        {"backend": "torch", "dtype": "float32", "order": "arrival", "compute": "packed",
+         "inputs_per_s": 180.0, "cpu_ms_per_input": 11.0, "computed_per_real": 1.0},
+        {"backend": "onnx", "dtype": "float32", "skipped": "not served here"},
+    ]  # fmt: skip
+    lines = packing.table(rows).splitlines()
+    assert lines[2] == "| torch float32 | arrival order, padded | 100.0 | 1.00 | 20.0 | 1.86 |"
+    assert lines[3] == "| torch float32 | arrival order, packed | 180.0 | 1.80 | 11.0 | 1.00 |"
+    assert lines[4].startswith("| onnxruntime float32 | not served here |")
+
+
+def test_its_ways_answer_alike_and_time_batches(tmp_path: Path) -> None:
+    engine = load_engine(Settings(model_id=str(build_sentence_model(tmp_path / "m", ("mean",)))))
+    ways = packing.ways(engine)
+    assert sorted(ways) == ["packed", "padded"]
+    texts = ["a", "paris is the capital of france", "big small good bad happy sad " * 3]
+    units = [Unit(op=Op.EMBED, text=t) for t in texts]
+    padded, packed = (np.stack(ways[w].run(ways[w].prepare_many(units))) for w in ways)
+    assert np.abs(padded - packed).max() <= 1e-5
+    timed = packing.Timed(ways["packed"], texts, [[0, 1], [2]])
+    timed.run_for(0.05)
+    assert timed.inputs >= 2 and timed.rate() > 0 and timed.cpu_ms() > 0
