@@ -62,7 +62,7 @@ def causal_rerank_engine(
         served_name=served_name,
         modules=config.modules(),
         backend="torch",
-        backend_summary=MappingProxyType({"name": "torch", "dtype": dtype}),
+        backend_summary=MappingProxyType({"name": "torch", "dtype": dtype, "compute": "padded"}),
         score_activation=SCORE_ACTIVATIONS.get(
             config.activation.rsplit(".", 1)[-1], config.activation
         ),
