@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 from service.engine.jobs import Counted, Job
 from service.engine.types import ModelInfo
 from service.protocols import cohere_shapes
-from service.protocols.rerank.common import pair_units, ranked, relevance, reranker, tokens
+from service.protocols.rerank.common import documents_job, ranked, relevance, reranker, tokens
 from service.protocols.schemas import INTEGRAL, NonBlank, decode, inputs_list, validate
 from service.protocols.schemas import texts as text_inputs
 from service.protocols.serving import Endpoint
@@ -54,7 +54,6 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     doc = decode(body, content_type, raw_text=False)
     r = validate(CohereRerankRequest, doc, what="/v2/rerank", max_inputs=s.max_client_batch_size)
     cut = {} if r.max_tokens_per_doc is None else {"pair_max_tokens": r.max_tokens_per_doc}
-    units = pair_units(r.query, r.documents, **cut)
 
     def finish(answers: list[Counted]) -> dict[str, Any]:
         scores = relevance(answers, info)
@@ -66,8 +65,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
             "meta": cohere_shapes.meta(tokens(answers)),
         }
 
-    paths = [f"documents[{i}]" for i in range(len(r.documents))]
-    return Job(units, finish, paths)
+    return documents_job(r.query, r.documents, finish, **cut)
 
 
 ENDPOINTS = (

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.jobs import Counted, Op, Unit
+from service.engine.jobs import Counted, Job, Op, Unit
 from service.engine.types import ModelInfo
 from service.errors import InferenceFailed, WrongTask
 from service.protocols.serving import require
@@ -56,6 +56,15 @@ def pair_units(query: str, documents: Sequence[str], **params: Any) -> list[Unit
     limit from the right, its tokens counted; `params` adds to those (e.g. `pair_max_tokens`)."""
     unit_params = {"truncate": True, "direction": "right", "count_tokens": True, **params}
     return [Unit(op=Op.LOGITS, text=query, pair=d, params=unit_params) for d in documents]
+
+
+def documents_job(
+    query: str, documents: Sequence[str], finish: Callable[[list[Any]], Any], **params: Any
+) -> Job:
+    """The job of ranking `documents` against `query`: `pair_units` (with `params`), answered by
+    `finish`, each unit's errors named `documents[i]`."""
+    paths = [f"documents[{i}]" for i in range(len(documents))]
+    return Job(pair_units(query, documents, **params), finish, paths)
 
 
 def relevance(answers: Sequence[Counted], info: ModelInfo) -> list[float]:

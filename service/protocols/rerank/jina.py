@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.engine.jobs import Counted, Job
 from service.engine.types import ModelInfo
-from service.protocols.rerank.common import pair_units, ranked, relevance, reranker, tokens
+from service.protocols.rerank.common import documents_job, ranked, relevance, reranker, tokens
 from service.protocols.schemas import INTEGRAL, NonBlank, decode, inputs_list, validate
 from service.protocols.schemas import texts as text_inputs
 from service.protocols.serving import Endpoint
@@ -79,8 +79,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
             "results": results,
         }
 
-    paths = [f"documents[{i}]" for i in range(len(r.documents))]
-    return Job(pair_units(r.query, r.documents), finish, paths)
+    return documents_job(r.query, r.documents, finish)
 
 
 ENDPOINTS = (
