@@ -46,6 +46,21 @@ _MODE_ALIASES = {"last-token": "lasttoken", "last_token": "lasttoken"}  # TEI's 
 _KNOWN = ("Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling")
 
 
+#: The Transformer module keys (`sentence_bert_config.json`) sentence-transformers 6 writes
+#: for any model; the multi-vector and causal-LM reranker readers accept these and their own.
+TRANSFORMER_KEYS = frozenset(
+    {
+        "transformer_task",
+        "modality_config",
+        "module_output_name",
+        "processing_kwargs",
+        "unpad_inputs",
+        "max_seq_length",
+        "do_lower_case",
+    }
+)
+
+
 _DENSE_LAYOUT = "Transformer -> Pooling -> Dense (any number) -> optional Normalize"
 
 
@@ -122,9 +137,9 @@ def read_sentence_config(folder: Path) -> SentenceConfig | None:
     entries = _read_json(modules_file)
     if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
         raise UnsupportedModel("modules.json is not a list of modules")
-    modules = [Module(kind=_module_kind(e), path=str(e.get("path", ""))) for e in entries]
+    modules = [Module(kind=module_kind(e, _KNOWN), path=str(e.get("path", ""))) for e in entries]
     st_file = folder / "config_sentence_transformers.json"
-    model = _read_json(st_file) if st_file.is_file() else {}
+    model = read_json(st_file)
     model_type = model.get("model_type", "SentenceTransformer")
     if model_type not in _MODEL_TYPES:
         raise UnsupportedModel(f"a {model_type} model is not supported (embeddings only)")
@@ -185,7 +200,7 @@ def _check_layout(modules: list[Module]) -> bool:
 
 
 def _splade_spec(folder: Path, where: str) -> SpladeSpec:
-    config = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    config = read_json(folder / "config.json")
     strategy = config.get("pooling_strategy", "max")
     activation = config.get("activation_function", "relu")
     if strategy not in STRATEGIES or activation not in ACTIVATIONS:
@@ -201,7 +216,7 @@ def matryoshka_dimensions(folder: Path) -> tuple[int, ...] | None:
     (vLLM's key; `is_matryoshka: true` alone: any width, `()`), else `()` when its
     sentence-transformers model card names MatryoshkaLoss; None when neither says so."""
     config_file = folder / "config.json"
-    config = _read_json(config_file) if config_file.is_file() else {}
+    config = read_json(config_file)
     listed = config.get("matryoshka_dimensions")
     if isinstance(listed, list) and all(isinstance(d, int) for d in listed):
         return tuple(sorted(listed))
@@ -229,13 +244,21 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _module_kind(entry: dict[str, Any]) -> str:
+def read_json(path: Path) -> Any:
+    """The JSON document in `path`; {} when there is no such file."""
+    return _read_json(path) if path.is_file() else {}
+
+
+def module_kind(entry: dict[str, Any], known: tuple[str, ...], model: str = "") -> str:
+    """The class name of a modules.json `entry` (`Pooling`) if it is a sentence-transformers
+    module in `known`, else `UnsupportedModel` naming it; `model` ends that message (" in a
+    multi-vector model")."""
     ref = str(entry.get("type", ""))
     kind = ref.rsplit(".", 1)[-1]
-    if ref.startswith("sentence_transformers.") and kind in _KNOWN:
+    if ref.startswith("sentence_transformers.") and kind in known:
         return kind
     where = entry.get("path") or "the model folder"
-    raise UnsupportedModel(f"module {ref} (in {where}) is not supported by this server")
+    raise UnsupportedModel(f"module {ref} (in {where}) is not supported by this server{model}")
 
 
 def _transformer_config(folder: Path, *, sparse: bool) -> dict[str, Any]:
@@ -281,7 +304,7 @@ def _check_modes(modes: list[str], where: str) -> tuple[str, ...]:
 
 
 def _check_normalize(config_file: Path, where: str) -> None:
-    config = _read_json(config_file) if config_file.is_file() else {}
+    config = read_json(config_file)
     if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
         raise UnsupportedModel(f"Normalize module ({where}) on token rows is not supported")
 

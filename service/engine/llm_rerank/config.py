@@ -22,24 +22,14 @@ message and a `document`-role message (`format` flat or structured). What a fold
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.engine.st_config import UnsupportedModel
+from service.engine.st_config import TRANSFORMER_KEYS, UnsupportedModel, read_json
 
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
 _LAYOUT = "Transformer (text-generation) -> LogitScore"
-_TRANSFORMER_KEYS = {
-    "transformer_task",
-    "modality_config",
-    "module_output_name",
-    "processing_kwargs",
-    "unpad_inputs",
-    "max_seq_length",
-    "do_lower_case",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +59,8 @@ def is_causal_reranker(folder: Path) -> bool:
     modules = folder / "modules.json"
     if not modules.is_file():
         return False
-    model = _read_json(folder / "config_sentence_transformers.json")
-    types = [str(m.get("type", "")) for m in _read_json(modules) or []]
+    model = read_json(folder / "config_sentence_transformers.json")
+    types = [str(m.get("type", "")) for m in read_json(modules) or []]
     return model.get("model_type") == "CrossEncoder" and any(
         t.endswith(".LogitScore") for t in types
     )
@@ -79,8 +69,8 @@ def is_causal_reranker(folder: Path) -> bool:
 def read_reranker_config(folder: Path) -> RerankerConfig:
     """The folder's reranker configuration; raises `UnsupportedModel` naming the first option
     it carries that is not served (see the module docstring)."""
-    model = _read_json(folder / "config_sentence_transformers.json")
-    entries = _read_json(folder / "modules.json")
+    model = read_json(folder / "config_sentence_transformers.json")
+    entries = read_json(folder / "modules.json")
     kinds = [str(e.get("type", "")).rsplit(".", 1)[-1] for e in entries]
     if kinds != ["Transformer", "LogitScore"] or entries[0].get("path", "") != "":
         raise UnsupportedModel(
@@ -88,7 +78,7 @@ def read_reranker_config(folder: Path) -> RerankerConfig:
             "folder's root) is supported for a causal-LM reranker"
         )
     transformer = _transformer(folder / "sentence_bert_config.json")
-    score = _read_json(folder / str(entries[1].get("path", "")) / "config.json")
+    score = read_json(folder / str(entries[1].get("path", "")) / "config.json")
     if score.get("module_input_name", "causal_logits") != "causal_logits":
         raise UnsupportedModel(f"LogitScore reads {score['module_input_name']!r}: not served")
     true_id, false_id = score.get("true_token_id"), score.get("false_token_id")
@@ -110,13 +100,9 @@ def read_reranker_config(folder: Path) -> RerankerConfig:
     )
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
 def _transformer(config_file: Path) -> dict[str, Any]:
-    config: dict[str, Any] = _read_json(config_file)
-    unknown = sorted(set(config) - _TRANSFORMER_KEYS)
+    config: dict[str, Any] = read_json(config_file)
+    unknown = sorted(set(config) - TRANSFORMER_KEYS)
     task = config.get("transformer_task")
     modalities = sorted(config.get("modality_config") or {"text": None})
     message = (config.get("modality_config") or {}).get("message") or {}

@@ -25,13 +25,18 @@ Normalize (on `token_embeddings`). What a folder can carry, and what is served:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from service.engine.pooling.heads import DenseSpec, UnsupportedHead, read_dense
-from service.engine.st_config import SentenceConfig, UnsupportedModel
+from service.engine.st_config import (
+    TRANSFORMER_KEYS,
+    SentenceConfig,
+    UnsupportedModel,
+    module_kind,
+    read_json,
+)
 
 MODEL_TYPE = "MultiVectorEncoder"
 SIMILARITIES = ("maxsim", "meanmaxsim")
@@ -51,18 +56,7 @@ _LEGACY_KEYS = (
     "skiplist_words",
 )
 _EXPANSION_KEYS = {"strategy", "attend", "token", "length"}
-_TRANSFORMER_KEYS = {
-    "transformer_task",
-    "modality_config",
-    "module_output_name",
-    "processing_kwargs",
-    "unpad_inputs",
-    "query_length",
-    "document_length",
-    "query_expansion",
-    "max_seq_length",
-    "do_lower_case",
-}
+_TRANSFORMER_KEYS = TRANSFORMER_KEYS | {"query_length", "document_length", "query_expansion"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,14 +127,14 @@ def is_multi_vector(folder: Path) -> bool:
     st_file = folder / "config_sentence_transformers.json"
     if not (folder / "modules.json").is_file() or not st_file.is_file():
         return False
-    model_type = _read_json(st_file).get("model_type")
+    model_type = read_json(st_file).get("model_type")
     return model_type in (MODEL_TYPE, "ColBERT")
 
 
 def read_multi_vector_config(folder: Path) -> MultiVectorConfig:
     """The folder's multi-vector configuration; raises `UnsupportedModel` naming the first
     option it carries that is not served (see the module docstring)."""
-    model = _read_json(folder / "config_sentence_transformers.json")
+    model = read_json(folder / "config_sentence_transformers.json")
     if model.get("model_type") != MODEL_TYPE:
         raise UnsupportedModel(
             f"a {model.get('model_type')} (PyLate 3) folder is not supported: load it with "
@@ -152,8 +146,11 @@ def read_multi_vector_config(folder: Path) -> MultiVectorConfig:
             f"config_sentence_transformers.json carries PyLate/ColBERT keys {legacy}: load the "
             "folder with sentence-transformers' MultiVectorEncoder and save it again to serve it"
         )
-    entries = _read_json(folder / "modules.json")
-    modules = [(_kind(e), str(e.get("path", ""))) for e in entries]
+    entries = read_json(folder / "modules.json")
+    modules = [
+        (module_kind(e, _KINDS, " in a multi-vector model"), str(e.get("path", "")))
+        for e in entries
+    ]
     kinds = [k for k, _ in modules]
     _check_layout(kinds)
     transformer = _transformer(folder / modules[0][1])
@@ -168,7 +165,7 @@ def read_multi_vector_config(folder: Path) -> MultiVectorConfig:
         elif kind == "MultiVectorMask":
             mask = _mask(folder / path / "config.json")
         elif kind == "Normalize":
-            config = _read_json(folder / path / "config.json") if path else {}
+            config = read_json(folder / path / "config.json") if path else {}
             if config.get("module_input_name", "sentence_embedding") != _TOKENS:
                 raise UnsupportedModel(f"Normalize module ({path}) not on token_embeddings")
     prompts = {str(k): str(v or "") for k, v in (model.get("prompts") or {}).items()}
@@ -189,21 +186,6 @@ def read_multi_vector_config(folder: Path) -> MultiVectorConfig:
     )
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def _kind(entry: dict[str, Any]) -> str:
-    ref = str(entry.get("type", ""))
-    kind = ref.rsplit(".", 1)[-1]
-    if ref.startswith("sentence_transformers.") and kind in _KINDS:
-        return kind
-    where = entry.get("path") or "the model folder"
-    raise UnsupportedModel(
-        f"module {ref} (in {where}) is not supported by this server in a multi-vector model"
-    )
-
-
 def _check_layout(kinds: list[str]) -> None:
     """Transformer, then Dense modules, then an optional Normalize; one MultiVectorMask may
     stand anywhere after the Transformer (it only rewrites which tokens are kept)."""
@@ -219,7 +201,7 @@ def _check_layout(kinds: list[str]) -> None:
 def _transformer(folder: Path) -> dict[str, Any]:
     """The Transformer module's `sentence_bert_config.json`, checked: text feature-extraction,
     no `processing_kwargs`, the keys sentence-transformers 6 writes."""
-    config: dict[str, Any] = _read_json(folder / "sentence_bert_config.json")
+    config: dict[str, Any] = read_json(folder / "sentence_bert_config.json")
     unknown = sorted(set(config) - _TRANSFORMER_KEYS)
     task = config.get("transformer_task", "feature-extraction")
     modalities = sorted(config.get("modality_config") or {"text": None})
@@ -259,7 +241,7 @@ def _expansion(value: Any) -> QueryExpansion | None:
 
 
 def _mask(config_file: Path) -> Mask:
-    config = _read_json(config_file)
+    config = read_json(config_file)
     unknown = sorted(set(config) - {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"})
     if unknown:
         raise UnsupportedModel(f"MultiVectorMask option(s) {unknown} are not supported")
