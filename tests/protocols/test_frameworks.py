@@ -1,0 +1,195 @@
+"""The frameworks people already run, against the real server with the embedded
+all-MiniLM-L6-v2: LangChain (`langchain-openai`), LlamaIndex's TEI embeddings, Haystack's
+Hugging Face API embedders (`text_embeddings_inference`). Each vector equals
+SentenceTransformer.encode within the served backend's tolerance (`close_to`). One server for
+the module (gunicorn on 127.0.0.1, a free port); the openai SDK and `InferenceClient` have
+their own modules (test_openai.py, test_inference_client.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import ServerProcess
+from sentence_transformers import SentenceTransformer
+
+from service.backends.choice import MIN_COSINE
+from service.engine.loading import EMBEDDED_MODEL_NAME
+
+pytestmark = pytest.mark.server
+
+TEXTS = [
+    "A man is playing a guitar.",
+    "Someone plays the guitar on a small stage in the evening, and the crowd sings along.",
+    "The stock market fell.",
+    "Paris is the capital of France.",
+]
+QUERY = "who plays the guitar?"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    process = ServerProcess({}, tmp_path_factory.mktemp("frameworks") / "server.log")
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        assert process.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def served_dtypes(server: ServerProcess) -> set[str]:
+    """The dtypes the server computes in (/info: the backend's, and small batches' if routed)."""
+    backend = server.get("/info").json()["model"]["backend"]
+    return {backend["dtype"], backend.get("small_batches", {}).get("dtype", backend["dtype"])}
+
+
+@pytest.fixture(scope="module")
+def st(embedded_model: Path) -> SentenceTransformer:
+    return SentenceTransformer(str(embedded_model), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def st_raw(st: SentenceTransformer) -> SentenceTransformer:
+    """The same model without its Normalize module (what `normalize=false` answers)."""
+    return SentenceTransformer(modules=[st[0], st[1]], device="cpu")
+
+
+@pytest.fixture
+def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's clients refuse URLs while HF_HUB_OFFLINE is on in their own process
+    (the server keeps it on)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HAYSTACK_TELEMETRY_ENABLED", "False")
+
+
+def close_to(got: Any, want: Any, dtypes: set[str]) -> None:
+    """`got` (rows of vectors) equals `want`: within 1e-4 per component when the server
+    computes in float32 (torch or onnxruntime), else each row's cosine >= `MIN_COSINE`, the
+    bar a reduced dtype passed to be chosen (service/backends/choice.py)."""
+    a = np.atleast_2d(np.asarray(got, dtype=np.float64))
+    b = np.atleast_2d(np.asarray(want, dtype=np.float64))
+    assert a.shape == b.shape
+    if dtypes == {"float32"}:
+        assert float(np.abs(a - b).max()) < 1e-4
+    else:
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        assert float(cos.min()) >= MIN_COSINE
+
+
+# -- LangChain --------------------------------------------------------------------------------
+def test_langchain_openai_sends_text_and_equals_st(
+    server: ServerProcess, st: SentenceTransformer, served_dtypes: set[str]
+) -> None:
+    """`check_embedding_ctx_length=False`: LangChain sends the texts themselves (by default it
+    sends tiktoken ids, which are not this model's)."""
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(
+        model=EMBEDDED_MODEL_NAME,
+        base_url=f"{server.url}/v1",
+        api_key="unused",  # type: ignore[arg-type]
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    documents = embeddings.embed_documents(TEXTS)
+    assert len(documents) == len(TEXTS) and len(documents[0]) == 384
+    close_to(documents, st.encode(TEXTS), served_dtypes)
+    close_to(embeddings.embed_query(QUERY), st.encode([QUERY]), served_dtypes)
+    chunked = embeddings.embed_documents(TEXTS, chunk_size=3)  # two requests, in order
+    close_to(chunked, st.encode(TEXTS), served_dtypes)
+    both = asyncio.run(embeddings.aembed_documents(TEXTS))
+    close_to(both, st.encode(TEXTS), served_dtypes)
+
+
+def test_langchain_openai_dimensions(
+    server: ServerProcess, st: SentenceTransformer, served_dtypes: set[str]
+) -> None:
+    """`dimensions=` cuts the vector and normalizes it again (OpenAI's reading)."""
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(
+        model=EMBEDDED_MODEL_NAME,
+        base_url=f"{server.url}/v1",
+        api_key="unused",  # type: ignore[arg-type]
+        check_embedding_ctx_length=False,
+        dimensions=128,
+    )
+    cut = st.encode(TEXTS)[:, :128]
+    close_to(
+        embeddings.embed_documents(TEXTS),
+        cut / np.linalg.norm(cut, axis=1, keepdims=True),
+        served_dtypes,
+    )
+
+
+# -- LlamaIndex ---------------------------------------------------------------------------------
+def test_llama_index_tei_embeddings_equal_st(
+    server: ServerProcess, st: SentenceTransformer, served_dtypes: set[str]
+) -> None:
+    """`TextEmbeddingsInference` posts `{"inputs": [...], "truncate": true}` to /embed."""
+    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+
+    embed = TextEmbeddingsInference(
+        model_name=EMBEDDED_MODEL_NAME, base_url=server.url, embed_batch_size=3, timeout=30
+    )
+    close_to(embed.get_text_embedding_batch(TEXTS), st.encode(TEXTS), served_dtypes)
+    close_to(embed.get_query_embedding(QUERY), st.encode([QUERY]), served_dtypes)
+    long = "The quick brown fox jumps over the lazy dog. " * 60  # over 256 tokens: cut
+    close_to(embed.get_text_embedding(long), st.encode([long]), served_dtypes)
+    close_to(asyncio.run(embed.aget_query_embedding(QUERY)), st.encode([QUERY]), served_dtypes)
+
+
+# -- Haystack -----------------------------------------------------------------------------------
+@pytest.mark.usefixtures("hub_online")
+def test_haystack_text_embedder_equals_st(
+    server: ServerProcess,
+    st: SentenceTransformer,
+    st_raw: SentenceTransformer,
+    served_dtypes: set[str],
+) -> None:
+    """`HuggingFaceAPITextEmbedder` (text_embeddings_inference) posts to `/`; it sends
+    `normalize=False` unless told otherwise, and then gets the unnormalized vector."""
+    from haystack_integrations.components.embedders.huggingface_api import (
+        HuggingFaceAPITextEmbedder,
+    )
+
+    api = {"url": server.url}
+    normalized = HuggingFaceAPITextEmbedder(
+        api_type="text_embeddings_inference", api_params=api, token=None, normalize=True
+    )
+    close_to(normalized.run(QUERY)["embedding"], st.encode([QUERY]), served_dtypes)
+    default = HuggingFaceAPITextEmbedder(
+        api_type="text_embeddings_inference", api_params=api, token=None
+    )
+    raw = default.run(QUERY)["embedding"]
+    close_to(raw, st_raw.encode([QUERY]), served_dtypes)
+    assert np.linalg.norm(raw) > 1.5  # really not normalized
+
+
+@pytest.mark.usefixtures("hub_online")
+def test_haystack_document_embedder_equals_st(
+    server: ServerProcess, st: SentenceTransformer, served_dtypes: set[str]
+) -> None:
+    from haystack import Document
+    from haystack_integrations.components.embedders.huggingface_api import (
+        HuggingFaceAPIDocumentEmbedder,
+    )
+
+    embedder = HuggingFaceAPIDocumentEmbedder(
+        api_type="text_embeddings_inference",
+        api_params={"url": server.url},
+        token=None,
+        normalize=True,
+        batch_size=3,
+    )
+    out = embedder.run([Document(content=t) for t in TEXTS])["documents"]
+    assert [d.content for d in out] == TEXTS
+    close_to([d.embedding for d in out], st.encode(TEXTS), served_dtypes)
