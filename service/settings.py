@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1024 * 1024, ge=1)
     request_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
     truncate: bool = False
+    # How /v1/embeddings reads token-id inputs. The OpenAI API defines them as tiktoken ids,
+    # which are not this model's: refuse (422, saying so); model: read them as this model's own
+    # ids (vLLM's reading). TEI's routes always read the model's own ids, as TEI defines them.
+    openai_token_ids: Literal["refuse", "model"] = "refuse"
     # Sentence-embedding pooling: unset = the model's sentence-transformers config (none: token
     # rows); a mode = pool every model's token rows so (overrides the config's modes); none =
     # token rows even for a sentence-transformers model; splade = a *ForMaskedLM model's
@@ -106,7 +110,9 @@ class Settings(BaseSettings):
     # past it, connections that resend at once are not read for a while. 0: off.
     shed_budget_share: float = Field(0.05, ge=0, le=1, allow_inf_nan=False)
 
-    @field_validator("log_level", "log_format", "pooling", "backend", "dtype", mode="before")
+    @field_validator(
+        "log_level", "log_format", "pooling", "backend", "dtype", "openai_token_ids", mode="before"
+    )
     @classmethod
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value  # LOG_LEVEL=DEBUG works too

@@ -45,6 +45,13 @@ class Endpoint:
     check: Callable[[ModelInfo], None]
     request: type[Any]
     response: type[Any]
+    # The request model /openapi.json shows for these settings, where it differs from
+    # `request` (which parses): OpenAI's `input` without token ids while they are refused.
+    documented: Callable[[Settings], type[Any]] | None = None
+
+    def request_model(self, settings: Settings) -> type[Any]:
+        """The request model /openapi.json documents under `settings`."""
+        return self.request if self.documented is None else self.documented(settings)
 
     def serves(self, info: ModelInfo) -> bool:
         try:

@@ -238,6 +238,7 @@ def test_schema_choices_are_the_settings_choices() -> None:
         "dtype": "dtype",
         "logLevel": "log_level",
         "logFormat": "log_format",
+        "openaiTokenIds": "openai_token_ids",
     }
     for value, field in fields.items():
         allowed = set(typing.get_args(Settings.model_fields[field].annotation))
