@@ -29,7 +29,8 @@ def test_settings_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.delenv(name.upper(), raising=False)
     s = load_settings()
     assert (s.max_batch_size, s.max_batch_wait_ms, s.max_queue_size) == (32, 0, 256)
-    assert (s.max_client_batch_size, s.max_body_bytes, s.request_timeout_s) == (64, 1 << 20, 30)
+    assert (s.max_client_batch_size, s.max_body_bytes, s.request_timeout_s) == (2048, 4 << 20, 30)
+    assert s.openai_token_ids == "refuse"
     assert (s.liveness_stall_s, s.drain_timeout_s, s.host, s.port) == (120, 25, "127.0.0.1", 8000)
     assert s.truncate is False and s.trust_remote_code is False and s.api_key is None
 
@@ -40,7 +41,7 @@ def test_settings_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -
         ({"MAX_BATCH_SIZE": "0"}, "invalid setting MAX_BATCH_SIZE: Input should be greater"),
         ({"DEVICE": "tpu"}, "invalid setting DEVICE: Input should be 'cpu', 'cuda' or 'auto'"),
         ({"REQUEST_TIMEOUT_S": "soon"}, "invalid setting REQUEST_TIMEOUT_S: Input should be"),
-        ({"MAX_QUEUE_SIZE": "8"}, "invalid setting MAX_QUEUE_SIZE: MAX_QUEUE_SIZE (8) must be >="),
+        ({"OPENAI_TOKEN_IDS": "tiktoken"}, "invalid setting OPENAI_TOKEN_IDS: Input should be"),
     ],
 )
 def test_bad_setting_names_the_variable(

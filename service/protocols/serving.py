@@ -138,6 +138,7 @@ async def serve(request: Request, parse: Parse) -> Response:
         return Response(status_code=499)
     job = parse(body, request.headers.get("content-type"), info, runtime.settings)
     request.scope["state"]["inputs"] = job.inputs
+    deadline = runtime.job_deadline(request, deadline, len(job.units))
     try:
         answers = await runtime.run(job.units, request, deadline, job.paths)
     except ClientGone:

@@ -265,7 +265,7 @@ def test_settings_come_from_values() -> None:
     assert env["REQUEST_TIMEOUT_S"]["value"] == "12"
     assert env["DRAIN_TIMEOUT_S"]["value"] == "20"
     assert env["TASK"]["value"] == "fill-mask"
-    assert env["MAX_BODY_BYTES"]["value"] == "1048576"  # not 1.048576e+06
+    assert env["MAX_BODY_BYTES"]["value"] == "4194304"  # not 4.194304e+06
 
 
 def test_api_key_comes_from_a_secret() -> None:

@@ -3,16 +3,19 @@ all-MiniLM-L6-v2: LangChain (`langchain-openai`), LlamaIndex's TEI embeddings, H
 Hugging Face API embedders (`text_embeddings_inference`). Each vector equals
 SentenceTransformer.encode within the served backend's tolerance (`close_to`). One server for
 the module (gunicorn on 127.0.0.1, a free port); the openai SDK and `InferenceClient` have
-their own modules (test_openai.py, test_inference_client.py).
+their own modules (test_openai.py, test_inference_client.py). Bulk requests as indexers send
+them: LangChain's default chunk of 1,000 texts, 2,048 inputs (OpenAI's limit), 2,049.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from helpers import ServerProcess
@@ -193,3 +196,98 @@ def test_haystack_document_embedder_equals_st(
     out = embedder.run([Document(content=t) for t in TEXTS])["documents"]
     assert [d.content for d in out] == TEXTS
     close_to([d.embedding for d in out], st.encode(TEXTS), served_dtypes)
+
+
+# -- bulk: an indexer's chunks ---------------------------------------------------------------
+def corpus(n: int) -> list[str]:
+    return [
+        f"passage {i} on topic {i % 37}, with a few more words {i * 7919 % 1000}" for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def openai_client(server: ServerProcess) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_langchains_default_chunk_of_1000_is_one_request_in_order(
+    server: ServerProcess, st: SentenceTransformer, served_dtypes: set[str]
+) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    texts = corpus(1000)
+    embeddings = OpenAIEmbeddings(
+        model=EMBEDDED_MODEL_NAME,
+        base_url=f"{server.url}/v1",
+        api_key="unused",  # type: ignore[arg-type]
+        check_embedding_ctx_length=False,
+        max_retries=0,
+        request_timeout=300,
+    )
+    assert embeddings.chunk_size == 1000  # LangChain's default: one request here
+    before = server.get("/metrics").text
+    vectors = embeddings.embed_documents(texts)
+    assert len(vectors) == 1000
+    close_to(vectors[::8], st.encode(texts[::8]), served_dtypes)  # every 8th, in place
+    assert requests_answered(server.get("/metrics").text) - requests_answered(before) == 1
+
+
+def requests_answered(metrics_text: str) -> float:
+    """`pipeline_server_requests_total` of /v1/embeddings with status 200."""
+    line = next(
+        (
+            x
+            for x in metrics_text.splitlines()
+            if x.startswith("pipeline_server_requests_total{")
+            and 'route="/v1/embeddings"' in x
+            and 'status="200"' in x
+        ),
+        None,
+    )
+    return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+
+def test_2048_inputs_answer_in_order_as_one_at_a_time_and_2049_name_the_limit(
+    openai_client: Any, st: SentenceTransformer, served_dtypes: set[str]
+) -> None:
+    import openai
+
+    texts = corpus(2048)
+    out = openai_client.embeddings.create(model="x", input=texts, encoding_format="float")
+    assert [d.index for d in out.data] == list(range(2048))
+    got = [d.embedding for d in out.data]
+    close_to(got[::16], st.encode(texts[::16]), served_dtypes)  # every 16th, in place
+    for i in (0, 1, 777, 2047):  # the same input alone
+        alone = openai_client.embeddings.create(model="x", input=texts[i], encoding_format="float")
+        close_to(got[i], alone.data[0].embedding, served_dtypes)
+    with pytest.raises(openai.APIStatusError) as over:
+        openai_client.embeddings.create(model="x", input=[*texts, "one more"])
+    assert over.value.status_code == 413
+    assert "2049 inputs" in over.value.message and "MAX_CLIENT_BATCH_SIZE" in over.value.message
+
+
+def test_a_one_input_request_is_not_queued_behind_a_bulk_one(
+    server: ServerProcess, openai_client: Any
+) -> None:
+    """Sent while a bulk request's 1,000 inputs are queued, a one-input request is answered
+    long before them: the batcher runs it in the next batch (docs/operations.md, Bulk
+    requests)."""
+    import threading
+
+    done: dict[str, float] = {}
+    started = time.monotonic()
+
+    def bulk() -> None:
+        openai_client.embeddings.create(model="x", input=corpus(1000))
+        done["bulk"] = time.monotonic() - started
+
+    indexer = threading.Thread(target=bulk)
+    indexer.start()
+    time.sleep(0.5)  # the bulk request is queued and running
+    r = httpx.post(f"{server.url}/embed", json={"inputs": "who plays the guitar?"}, timeout=60)
+    done["one"] = time.monotonic() - started
+    indexer.join(300)
+    assert r.status_code == 200
+    assert done["one"] < 0.5 + 0.25 * (done["bulk"] - 0.5), done

@@ -52,7 +52,7 @@ class Batcher:
         self, settings: Settings, engine_factory: Callable[[Settings], Engine] = load_engine
     ) -> None:
         self.settings = settings
-        self.queue = WorkQueue(settings.max_queue_size)
+        self.queue = WorkQueue(settings.max_queue_size, settings.max_client_batch_size)
         self.estimate = ServiceTimeEstimate(max_batch_size=settings.max_batch_size)
         self.state = State.LOADING
         self.info: ModelInfo | None = None
