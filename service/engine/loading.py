@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from service.backends.candidates import pipeline_choice
-from service.engine import st_config, warmup
+from service.engine import locate, st_config, warmup
 from service.engine.backend_choice import serve_chosen_backend
 from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
@@ -94,15 +94,20 @@ def _is_nli(label2id: dict[str, int]) -> bool:
 
 def preflight(settings: Settings) -> None:
     """Checks that need no weights, before the server starts (the console script runs them):
+    MODEL_ID names a folder with a config or a Hub id it can have (`locate.check_model_id`),
     the task, a sentence-transformers folder whose modules we cannot apply, zero-shot without
     an entailment label. Raises `ValueError` with one line naming the problem. Only local
     folders are read (a hub model is checked when it loads)."""
     model_id = settings.model_id or default_model_dir()
+    locate.check_model_id(model_id, settings.revision)
     if not Path(model_id).is_dir():
         return
     task = infer_task(model_id, settings)
     if task == "feature-extraction" and settings.pooling != "none":
-        st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
+        try:  # UnsupportedModel names the module
+            st_config.read_sentence_config(Path(model_id))
+        except OSError as exc:  # a file its modules.json names is missing or unreadable
+            raise ValueError(f"MODEL_ID={model_id}: {exc.strerror}: {exc.filename}") from None
     if task == "zero-shot-classification":
         label2id = config_json(model_id, settings).get("label2id") or {}
         if not any(str(label).lower().startswith("entail") for label in label2id):

@@ -22,7 +22,7 @@ from enum import StrEnum
 
 import structlog
 
-from service import metrics
+from service import load_failure, metrics
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.forming import BatchFormer
 from service.engine.batching.queue import WorkQueue
@@ -100,10 +100,14 @@ class Batcher:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.settings.model_nice)
         try:
             engine = self._load()
-        except Exception:
-            log.exception("model_load_failed")
+        except Exception as exc:
+            model_id = self.settings.model_id or "the embedded all-MiniLM-L6-v2"
+            line = load_failure.describe(model_id, exc)
+            log.debug("model_load_traceback", exc_info=True)
+            log.error("model_load_failed", reason=line)
             self._mark_failed("model failed to load")
             self.forming.fail_all(lambda: Draining("the model failed to load", retry_after_s=30))
+            load_failure.record_and_exit(line)  # under gunicorn: the process ends (status 3)
             return
         try:
             while not self._stop.is_set():
