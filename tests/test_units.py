@@ -114,6 +114,16 @@ def test_raw_body_is_one_input(ctype: str | None) -> None:
     assert job.finish(["answer"]) == "answer"  # a single input answers its own answer
 
 
+@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_json_request_sent_as_text_is_read_as_json(ctype: str | None) -> None:
+    """`curl -d '{"inputs": ...}'` sends a form type: an object with `inputs` is the request;
+    other text, JSON-looking or not, stays the one raw input."""
+    job = _parse(b'  {"inputs": ["b [MASK]"], "parameters": {"top_k": 2}}', ctype)
+    assert [(u.text, u.params) for u in job.units] == [("b [MASK]", {"top_k": 2})]
+    for text in ('{"text": "a [MASK]"}', '["a [MASK]"]', '{"inputs": "a [MASK]"', "{a [MASK]}"):
+        assert [u.text for u in _parse(text.encode(), ctype).units] == [text]
+
+
 def test_json_list_keeps_order_and_parameters() -> None:
     job = _parse(
         b'{"inputs": ["b [MASK]", "a [MASK]"], "parameters": {"top_k": 2}}', "application/json"

@@ -291,3 +291,17 @@ def test_a_one_input_request_is_not_queued_behind_a_bulk_one(
     indexer.join(300)
     assert r.status_code == 200
     assert done["one"] < 0.5 + 0.25 * (done["bulk"] - 0.5), done
+
+
+def test_curl_d_with_a_json_request_is_read_as_json(server: ServerProcess) -> None:
+    """`curl -d '{"inputs": "hi"}' localhost:8000/` sends the form content type: a JSON object
+    with `inputs` is read as JSON whatever the type; other text stays the one input."""
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    as_form = server.post("/", content=b'{"inputs": "hi"}', headers=form)
+    as_json = server.post("/", json={"inputs": "hi"})
+    assert as_form.status_code == as_json.status_code == 200
+    assert as_form.json() == as_json.json()
+    raw = server.post("/", content=b"hi", headers=form)
+    assert raw.json() == as_json.json()  # the same text, as raw text
+    braces = server.post("/", content=b'{"text": "hi"}', headers=form)
+    assert braces.status_code == 200 and braces.json() != as_json.json()
