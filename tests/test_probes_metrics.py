@@ -214,31 +214,6 @@ def test_c06_body_limits(
     assert "pipeline_server_queue_depth 0.0" in metrics
 
 
-@pytest.mark.server
-def test_failed_load_is_never_ready_and_not_live(
-    start_server: Callable[..., ServerProcess], tmp_path: Path
-) -> None:
-    """The real server with a model that cannot load: /livez 503 (the kubelet restarts it),
-    /readyz 503 throughout, inference 503 with Retry-After; the worker is not in a boot loop."""
-    server = start_server(MODEL_ID=str(tmp_path / "no-such-model"), TASK="fill-mask")
-    until = time.monotonic() + 120
-    readiness: set[int] = set()
-    while time.monotonic() < until:
-        try:
-            readiness.add(server.get("/readyz").status_code)
-            if server.get("/livez").status_code == 503:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    assert server.get("/livez").status_code == 503
-    assert readiness == {503}
-    r = server.post(content="x")
-    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
-    assert str(tmp_path) not in r.text
-    assert server.log().count("Booting worker") == 1
-
-
 # -- C16/C17: started first, checked last, so the 35 s load overlaps the tests above ----------
 class _Timeline:
     """Polls /livez, /readyz and inference every 0.25 s from the start until 1 s after ready.
