@@ -18,7 +18,11 @@ import re
 import sys
 from pathlib import Path
 
+import structlog
+
 from service import log
+
+_log = structlog.get_logger("service.batcher")
 
 #: Set by gunicorn's master (`service.gunicorn_conf`): where the worker records its failure.
 #: Unset (tests in process), a failed load keeps the process and turns `/livez` to 503.
@@ -40,6 +44,14 @@ def describe(model_id: str, exc: BaseException) -> str:
     what = what.removeprefix("Error ").strip()
     line = f"MODEL_ID={model_id} could not be loaded: {what}"
     return line if len(line) <= _MAX_CHARS else line[: _MAX_CHARS - 3] + "..."
+
+
+def report(model_id: str | None, exc: BaseException) -> str:
+    """Log the failure: the traceback at debug level, then the line (`describe`); return it."""
+    line = describe(model_id or "the embedded all-MiniLM-L6-v2", exc)
+    _log.debug("model_load_traceback", exc_info=exc)
+    _log.error("model_load_failed", reason=line)
+    return line
 
 
 def record_and_exit(line: str) -> None:

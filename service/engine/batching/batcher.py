@@ -101,10 +101,7 @@ class Batcher:
         try:
             engine = self._load()
         except Exception as exc:
-            model_id = self.settings.model_id or "the embedded all-MiniLM-L6-v2"
-            line = load_failure.describe(model_id, exc)
-            log.debug("model_load_traceback", exc_info=True)
-            log.error("model_load_failed", reason=line)
+            line = load_failure.report(self.settings.model_id, exc)  # the line, the traceback
             self._mark_failed("model failed to load")
             self.forming.fail_all(lambda: Draining("the model failed to load", retry_after_s=30))
             load_failure.record_and_exit(line)  # under gunicorn: the process ends (status 3)
@@ -132,7 +129,7 @@ class Batcher:
         if self.settings.model_load_delay_s:
             time.sleep(self.settings.model_load_delay_s)  # test-only: a slow load
         engine = self._engine_factory(self.settings)
-        warm_s = warm_up(engine)
+        warm_up(engine)
         cost = calibrate(engine)
         # Move the millions of objects torch and transformers made at import and load out of
         # the collector's reach: full collections then scan only what serving allocates,
@@ -145,13 +142,7 @@ class Batcher:
         self.info = engine.info
         metrics.MODEL_LOAD_SECONDS.set(loaded_s)
         metrics.TORCH_THREADS.set(engine.info.torch_threads)
-        log.info(
-            "model_ready",
-            load_s=round(loaded_s, 3),
-            warmup_s=round(warm_s, 4),
-            overhead_tokens=round(cost.overhead_tokens, 1),
-            **engine.info.summary(),
-        )
+        log.info("model_ready", **engine.info.ready_fields(loaded_s))
         self.heartbeat = time.monotonic()
         self.state = State.READY
         if self.drain_deadline is None:
