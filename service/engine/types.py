@@ -125,8 +125,11 @@ class ModelInfo:
             fields["small_batches"] = (
                 f"{small['backend']} {small['dtype']} to {small['max_padded_tokens']} tokens"
             )
-        if "choice_s" in backend:
-            fields["choice"] = "reused" if backend.get("reused") else "measured"
+        if "choice_s" in backend:  # reused from the cache, measured, or the only candidate
+            measured = len(backend.get("candidates", ())) > 1
+            fields["choice"] = (
+                "reused" if backend.get("reused") else ("measured" if measured else "fixed")
+            )
             fields["choice_s"] = backend["choice_s"]
         fields["load_s"] = round(loaded_s, 2)
         return fields
