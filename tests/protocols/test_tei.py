@@ -332,7 +332,7 @@ def test_predict_input_shapes(classifier_client: TestClient) -> None:
 
 def test_body_limits_and_content_type(embedded_client: TestClient) -> None:
     r = embedded_client.post(
-        "/embed", content=b"x" * (1024 * 1024 + 1), headers={"content-type": "application/json"}
+        "/embed", content=b"x" * (4 * 1024 * 1024 + 1), headers={"content-type": "application/json"}
     )
     assert r.status_code == 413
     r = embedded_client.post("/embed", content=b"hello", headers={"content-type": "text/plain"})
