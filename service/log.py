@@ -93,6 +93,13 @@ def _writer_for(target: IO[str]) -> LineWriter:
     return _writers[id(target)]
 
 
+def write_queued() -> None:
+    """Write every queued line now and stop the writers: before `os._exit`, which skips the
+    `atexit` that would (`service.load_failure`)."""
+    for writer in list(_writers.values()):
+        writer.close()
+
+
 def event_line(logger: str, event: str, fields: dict[str, Any]) -> None:
     """One info line, the same JSON object structlog writes (`event`, `level`, `logger`,
     `timestamp` after the fields), rendered in one orjson call instead of structlog's

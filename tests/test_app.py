@@ -66,13 +66,19 @@ def test_unknown_path_and_method_answer_json(embedded_client: TestClient) -> Non
 def test_content_types(embedded_client: TestClient) -> None:
     r = embedded_client.post("/", content="hello", headers={"content-type": "image/png"})
     assert r.status_code == 415 and r.json()["error_type"] == "unsupported_media_type"
-    # No sniffing: a JSON-looking body sent as text is one raw input.
-    r = embedded_client.post(
-        "/", content='{"inputs": "hi"}', headers={"content-type": "text/plain"}
-    )
-    assert r.status_code == 200
+    # A JSON object with `inputs` sent as text is a JSON request whose client did not say so
+    # (`curl -d` sends a form type): read as JSON, whatever the content type.
     as_json = embedded_client.post("/", json={"inputs": "hi"}).json()
-    assert abs(r.json()[0][0] - as_json[0][0]) > 1e-3  # the braces and quotes were embedded
+    for ctype in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {"content-type": ctype} if ctype else {}
+        r = embedded_client.post("/", content='{"inputs": "hi"}', headers=headers)
+        assert r.status_code == 200 and r.json() == as_json, ctype
+    # Any other text stays the one input: braces and all.
+    raw = embedded_client.post(
+        "/", content='{"text": "hi"}', headers={"content-type": "text/plain"}
+    )
+    assert raw.status_code == 200
+    assert abs(raw.json()[0][0] - as_json[0][0]) > 1e-3  # the braces and quotes were embedded
 
 
 def test_info_describes_model_and_settings(embedded_client: TestClient) -> None:

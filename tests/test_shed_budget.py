@@ -327,7 +327,7 @@ def test_the_queue_counts_room_in_requests_of_the_usual_size() -> None:
         items += (offered := request(2))
         queue.offer(offered, estimate)
         queue.take_new(0)
-        queue.release(2)
+        queue.release(offered)
     items += (last := request(2))
     queue.offer(last, estimate)
     try:

@@ -29,7 +29,8 @@ def test_settings_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.delenv(name.upper(), raising=False)
     s = load_settings()
     assert (s.max_batch_size, s.max_batch_wait_ms, s.max_queue_size) == (32, 0, 256)
-    assert (s.max_client_batch_size, s.max_body_bytes, s.request_timeout_s) == (64, 1 << 20, 30)
+    assert (s.max_client_batch_size, s.max_body_bytes, s.request_timeout_s) == (2048, 4 << 20, 30)
+    assert s.openai_token_ids == "refuse"
     assert (s.liveness_stall_s, s.drain_timeout_s, s.host, s.port) == (120, 25, "127.0.0.1", 8000)
     assert s.truncate is False and s.trust_remote_code is False and s.api_key is None
 
@@ -40,7 +41,7 @@ def test_settings_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -
         ({"MAX_BATCH_SIZE": "0"}, "invalid setting MAX_BATCH_SIZE: Input should be greater"),
         ({"DEVICE": "tpu"}, "invalid setting DEVICE: Input should be 'cpu', 'cuda' or 'auto'"),
         ({"REQUEST_TIMEOUT_S": "soon"}, "invalid setting REQUEST_TIMEOUT_S: Input should be"),
-        ({"MAX_QUEUE_SIZE": "8"}, "invalid setting MAX_QUEUE_SIZE: MAX_QUEUE_SIZE (8) must be >="),
+        ({"OPENAI_TOKEN_IDS": "tiktoken"}, "invalid setting OPENAI_TOKEN_IDS: Input should be"),
     ],
 )
 def test_bad_setting_names_the_variable(
@@ -111,6 +112,16 @@ def test_raw_body_is_one_input(ctype: str | None) -> None:
     job = _parse(b"Paris is the [MASK] of France.", ctype)
     assert [u.text for u in job.units] == ["Paris is the [MASK] of France."]
     assert job.finish(["answer"]) == "answer"  # a single input answers its own answer
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_json_request_sent_as_text_is_read_as_json(ctype: str | None) -> None:
+    """`curl -d '{"inputs": ...}'` sends a form type: an object with `inputs` is the request;
+    other text, JSON-looking or not, stays the one raw input."""
+    job = _parse(b'  {"inputs": ["b [MASK]"], "parameters": {"top_k": 2}}', ctype)
+    assert [(u.text, u.params) for u in job.units] == [("b [MASK]", {"top_k": 2})]
+    for text in ('{"text": "a [MASK]"}', '["a [MASK]"]', '{"inputs": "a [MASK]"', "{a [MASK]}"):
+        assert [u.text for u in _parse(text.encode(), ctype).units] == [text]
 
 
 def test_json_list_keeps_order_and_parameters() -> None:

@@ -10,7 +10,9 @@ from the engine (`Trial`: its own padded batches, its own pooling). Candidates:
   it, about 100x slower), and torch float16 and bfloat16 on CUDA;
 - onnxruntime int8 only when DTYPE=int8 asks for it (never chosen by `auto`).
 An explicit BACKEND and DTYPE serve that one candidate (measured, for /info), or torch float32
-with one log line saying why when it cannot be built (a model that does not export).
+with one log line saying why when it cannot be built (a model that does not export). With both
+`auto`, the choice is cached and a restart on the same machine reuses it without measuring
+(`service.backends.choice_cache`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from service.backends import Backend
+from service.backends import Backend, choice_cache
 from service.backends.packed import torch_backend
 from service.backends.ranking import (
     Candidate,
@@ -68,9 +70,20 @@ class Choice:
     # Where small batches run on a second candidate (`RoutedBackend`): its backend and dtype
     # and the largest batch, in padded tokens (B x L), it computes.
     small_batches: dict[str, Any] | None = None
+    # Reused from the cache (`choice_cache`): the summary of the start that measured it.
+    cached: Mapping[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
-        """/info's `backend` object and the `backend_chosen` log line's fields."""
+        """/info's `backend` object and the `backend_chosen` log line's fields. A reused
+        choice: the measuring start's object, with this start's `choice_s`, `reused: true` and
+        the measuring start's seconds as `measured_s`."""
+        if self.cached is not None:
+            return {
+                **self.cached,
+                "choice_s": round(self.seconds, 2),
+                "reused": True,
+                "measured_s": self.cached.get("choice_s"),
+            }
         out: dict[str, Any] = {
             "name": self.backend.name,
             "dtype": self.backend.dtype,
@@ -97,14 +110,21 @@ def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def choose_backend(settings: Any, pipe: Any, folder: Path | None, trial: Trial) -> Choice:
+def choose_backend(
+    settings: Any, pipe: Any, folder: Path | None, trial: Trial, what: str = ""
+) -> Choice:
     """The backend for the loaded float32 `pipe` (BACKEND, DTYPE), chosen as this module says,
     from the candidates' outputs and timings on `trial`. `folder`: the model's files (None:
-    unknown; no ONNX then). Logs `backend_chosen` (one line)."""
+    unknown; no ONNX then); `what`: what the engine answers and how it pools, part of the
+    cached choice's key. Logs `backend_chosen` (one line)."""
     started = time.perf_counter()
     reference = TorchBackend(pipe.model, pipe.device)
     candidates = allowed(settings, pipe, folder, reference, trial.quality_inputs)
     explicit = settings.backend != "auto" and settings.dtype != "auto"
+    reusable = settings.backend == settings.dtype == "auto"
+    cache = _cache_path(folder, what) if reusable else None
+    if cache is not None and (reused := _reused(cache, candidates, started)) is not None:
+        return _logged(reused)
     only = candidates[0] if len(candidates) == 1 else None
     if only is not None and (only.backend, only.dtype) == ("torch", "float32"):
         return _logged(_float32_only(reference, only, trial))
@@ -127,8 +147,57 @@ def choose_backend(settings: Any, pipe: Any, folder: Path | None, trial: Trial) 
         best = fastest_passing(measured)
         served = reference if best is None else results[best][1] or reference
         if best is not None and results[best][1] is not None:
-            return _logged(_routed(route(measured, best), results, started))
+            choice = _routed(route(measured, best), results, started)
+            if cache is not None:
+                _remember(cache, choice)
+            return _logged(choice)
     return _logged(Choice(served, measured, time.perf_counter() - started))
+
+
+def _cache_path(folder: Path | None, what: str) -> Path | None:
+    """Where this model's choice on this machine is cached; None without a local folder."""
+    if folder is None:
+        return None
+    import torch
+
+    try:
+        return choice_cache.path_for(folder, what, torch.get_num_threads())
+    except OSError:
+        return None
+
+
+def _reused(cache: Path, candidates: list[Candidate], started: float) -> Choice | None:
+    """The cached choice, its candidates built again (no measuring); None when there is none,
+    or one of them is no longer a candidate or fails to build (then the start measures)."""
+    doc = choice_cache.read(cache)
+    if doc is None:
+        return None
+    by_name = {(c.backend, c.dtype): c for c in candidates}
+    large, small = doc["large"], doc.get("small")
+    try:
+        served: Backend = by_name[(large["backend"], large["dtype"])].build()
+        if small:
+            built = by_name[(small["backend"], small["dtype"])].build()
+            served = RoutedBackend(built, served, int(small["max_padded_tokens"]))
+    except Exception as exc:  # gone from the candidates, or no longer builds: measure again
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        log.warning("backend_choice_not_reused", path=str(cache), reason=why)
+        return None
+    seconds = time.perf_counter() - started
+    return Choice(served, (), seconds, small_batches=small or None, cached=doc["summary"])
+
+
+def _remember(cache: Path, choice: Choice) -> None:
+    """Cache `choice` for the next start; a cache folder that is not writable only logs."""
+    backend = choice.backend
+    large = backend.large if isinstance(backend, RoutedBackend) else backend
+    small = choice.small_batches
+    try:
+        choice_cache.write(
+            cache, {"backend": large.name, "dtype": large.dtype}, small, choice.summary()
+        )
+    except OSError as exc:
+        log.info("backend_choice_not_cached", path=str(cache), reason=str(exc))
 
 
 def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started: float) -> Choice:

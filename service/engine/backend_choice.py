@@ -53,7 +53,8 @@ def serve_chosen_backend(
     """`engine` (on torch float32, the reference) now computing on the backend BACKEND/DTYPE
     choose, its `info` naming it with every candidate's measurements (/info's `backend`).
     `folder`: the model's weights (None: not local; no ONNX then)."""
-    choice = choose_backend(settings, engine.pipe, folder, trial(engine))
+    what = f"{engine.info.output}:{','.join(engine.info.pooling or ())}"
+    choice = choose_backend(settings, engine.pipe, folder, trial(engine), what)
     engine.backend = choice.backend
     engine.info = dataclasses.replace(
         engine.info,

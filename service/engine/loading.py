@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from service.backends.candidates import pipeline_choice
-from service.engine import quantization, st_config, warmup
+from service.engine import locate, quantization, st_config, warmup
 from service.engine.backend_choice import serve_chosen_backend
 from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
@@ -106,18 +106,23 @@ def _is_nli(label2id: dict[str, int]) -> bool:
 
 def preflight(settings: Settings) -> None:
     """Checks that need no weights, before the server starts (the console script runs them):
+    MODEL_ID names a folder with a config or a Hub id it can have (`locate.check_model_id`),
     the task, a sentence-transformers folder whose modules we cannot apply, zero-shot without
     an entailment label. Raises `ValueError` with one line naming the problem. Only local
     folders are read (a hub model is checked when it loads)."""
     model_id = settings.model_id or default_model_dir()
+    locate.check_model_id(model_id, settings.revision)
     if not Path(model_id).is_dir():
         return
     task = infer_task(model_id, settings)
     if task == "feature-extraction" and settings.pooling != "none":
-        if multi_vector.is_multi_vector(Path(model_id)):  # UnsupportedModel names the option
-            multi_vector_config(model_id, settings)
-        else:
-            st_config.read_sentence_config(Path(model_id))  # UnsupportedModel names the module
+        try:  # UnsupportedModel names the module or the option
+            if multi_vector.is_multi_vector(Path(model_id)):
+                multi_vector_config(model_id, settings)
+            else:
+                st_config.read_sentence_config(Path(model_id))
+        except OSError as exc:  # a file its modules.json names is missing or unreadable
+            raise ValueError(f"MODEL_ID={model_id}: {exc.strerror}: {exc.filename}") from None
     if task == "text-classification":
         causal_reranker_config(model_id, settings)  # UnsupportedModel names the option
     if task == "zero-shot-classification":

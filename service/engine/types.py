@@ -129,6 +129,31 @@ class ModelInfo:
             ),
         }
 
+    def ready_fields(self, loaded_s: float) -> dict[str, Any]:
+        """The `model_ready` line, said once per start (under 300 characters; the whole picture
+        is /info's `summary`): the model, the backend and dtype served (and the small-batch
+        one), whether the backend choice was measured or reused from the cache
+        (`service.backends.choice_cache`) and its seconds, the seconds from the start of the
+        load to ready (`load_s`, warm-up included)."""
+        backend = dict(self.backend_summary)
+        fields: dict[str, Any] = {
+            "model": (self.served_name or self.model_id)[:80],
+            "backend": self.backend,
+            "dtype": self.dtype,
+        }
+        if small := backend.get("small_batches"):
+            fields["small_batches"] = (
+                f"{small['backend']} {small['dtype']} to {small['max_padded_tokens']} tokens"
+            )
+        if "choice_s" in backend:  # reused from the cache, measured, or the only candidate
+            measured = len(backend.get("candidates", ())) > 1
+            fields["choice"] = (
+                "reused" if backend.get("reused") else ("measured" if measured else "fixed")
+            )
+            fields["choice_s"] = backend["choice_s"]
+        fields["load_s"] = round(loaded_s, 2)
+        return fields
+
 
 def _matryoshka(dims: tuple[int, ...] | None) -> list[int] | str | None:
     """/info's view: the widths it was trained for, "any", or None (not trained for cuts)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -34,9 +36,42 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     return sent if _SANE_ID.match(sent) else os.urandom(16).hex()
 
 
-def record(scope: Scope, request_id: str, status: int, seconds: float) -> None:
+_MAX_ERROR_CHARS = 160  # a request line with its reason stays under 300 characters
+Reason = tuple[str, str]  # an error answer's (error_type, message), for its log line
+
+
+@dataclass
+class _Answer:
+    """What the request context learns of its request's answer: why it is an error."""
+
+    reason: Reason | None = None
+
+
+#: The answer of the request being handled (set by `RequestContext`; a holder, so that what
+#: a handler notes reaches the context whatever task it ran in).
+_answer: ContextVar[_Answer | None] = ContextVar("answer", default=None)
+
+
+def reason_of(error: ServiceError) -> Reason:
+    """`error`'s type and message (cut at `_MAX_ERROR_CHARS`), for a request's log line."""
+    message = error.message
+    if len(message) > _MAX_ERROR_CHARS:
+        message = message[: _MAX_ERROR_CHARS - 3] + "..."
+    return error.error_type, message
+
+
+def note_error(error: ServiceError) -> None:
+    """The request being handled is answered with `error`: its `request` line says why."""
+    holder = _answer.get()
+    if holder is not None:
+        holder.reason = reason_of(error)
+
+
+def record(
+    scope: Scope, request_id: str, status: int, seconds: float, reason: Reason | None = None
+) -> None:
     """The request metrics (route, status; seconds) and, except for probes, one `request` log
-    line."""
+    line; an error answer's line carries its `error_type` and `error` (`reason`)."""
     path = scope["path"]
     route = path if path in _ROUTE_LABELS else "other"
     requests, duration = metrics.request_metrics(route, status)
@@ -52,6 +87,8 @@ def record(scope: Scope, request_id: str, status: int, seconds: float) -> None:
         "latency_ms": round(1000 * seconds, 2),
         "inputs": scope.get("state", {}).get("inputs", 0),
     }
+    if reason is not None and status >= 400:
+        fields["error_type"], fields["error"] = reason
     event_line("service.app", "request", fields)
 
 
@@ -72,6 +109,8 @@ class RequestContext:
         state["request_id"] = rid
         state.setdefault("arrived", time.monotonic())  # a request held at the edge: its head
         status, started_response = 500, False
+        answer = _Answer()
+        token = _answer.set(answer)
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, started_response
@@ -88,7 +127,8 @@ class RequestContext:
             if not started_response:
                 await self._internal_error(scope["path"], rid, send_with_id)
         finally:
-            record(scope, rid, status, time.perf_counter() - started)
+            _answer.reset(token)
+            record(scope, rid, status, time.perf_counter() - started, answer.reason)
 
     @staticmethod
     async def _internal_error(path: str, request_id: str, send: Send) -> None:

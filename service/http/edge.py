@@ -124,7 +124,8 @@ class EdgeProtocol(BoundedProtocol):
         request_id = context.request_id(scope["headers"])
         status, headers, body = self.policy.shed(scope, error, request_id, in_app=False)
         headers.append((b"x-request-id", request_id.encode()))
-        context.record(scope, request_id, status, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        context.record(scope, request_id, status, seconds, context.reason_of(error))
         self._write_answer(cycle, (status, headers, body))
         self.policy.charge_edge(self._caller, error, self._cpu_since)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.admission.policy import AdmissionPolicy
+from service.http import context
 
 
 class AdmissionGate:
@@ -29,6 +30,7 @@ class AdmissionGate:
             await self.app(scope, receive, send)
             return
         request_id = scope["state"]["request_id"]  # (the request context's)
+        context.note_error(error)  # its log line says why
         status, headers, body = self.policy.shed(scope, error, request_id, in_app=True)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -84,9 +84,10 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
     """The OpenAPI 3.1 document for the loaded model (see the module docstring)."""
     served = [e for e in endpoints if e.serves(info)]
     hf_requests = inference_api.request_models(info)
+    requests = {e.path: e.request_model(settings) for e in served}
     wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         *((m, "validation") for m in hf_requests),
-        *((e.request, "validation") for e in served),
+        *((requests[e.path], "validation") for e in served),
         (inference_api.answer_model(info), "serialization"),
         *((e.response, "serialization") for e in served),
         (ErrorResponse, "serialization"),
@@ -117,7 +118,7 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
             "post": _operation(
                 e.path.strip("/").replace("/", "_"),
                 e.summary,
-                refs[(e.request, "validation")],
+                refs[(requests[e.path], "validation")],
                 refs[(e.response, "serialization")],
                 errors=_MODEL_ERRORS,
                 secured=secured,

@@ -64,11 +64,25 @@ class RawText(str):
     """A body sent as plain text (not JSON): the whole body is one input."""
 
 
+def _request_in_text(text: str) -> dict[str, Any] | None:
+    """`text` parsed, when it is a JSON object with `inputs` (a JSON request sent as text)."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) and "inputs" in doc else None
+
+
 def decode(body: bytes, content_type: str | None, *, raw_text: bool) -> Any:
     """The JSON document, or (`raw_text` routes only) the whole body as `RawText`.
 
-    Raises 400 (invalid UTF-8, malformed JSON), 415 (a content type or charset not accepted)
-    or 422 (raw text that is empty)."""
+    On a raw-text route a body sent as text (text/plain, a form type, octet-stream, none) that
+    parses as a JSON object with `inputs` is that object: it is a JSON request whose client did
+    not say so (`curl -d` sends `application/x-www-form-urlencoded`), never a text to embed.
+    Any other text stays the one input. Raises 400 (invalid UTF-8, malformed JSON), 415 (a
+    content type or charset not accepted) or 422 (raw text that is empty)."""
     media, _, rest = (content_type or "").partition(";")
     media = media.strip().lower()
     charset = _charset(rest)
@@ -81,7 +95,7 @@ def decode(body: bytes, content_type: str | None, *, raw_text: bool) -> Any:
     if not is_json:
         text = _utf8(body)
         check_text(text, "input")
-        return RawText(text)
+        return _request_in_text(text) or RawText(text)
     try:
         return orjson.loads(body)  # orjson checks UTF-8 itself: no decoded copy on the loop
     except orjson.JSONDecodeError as exc:

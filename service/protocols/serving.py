@@ -47,6 +47,13 @@ class Endpoint:
     request: type[Any]
     response: type[Any]
     error: type[Any] | None = None
+    # The request model /openapi.json shows for these settings, where it differs from
+    # `request` (which parses): OpenAI's `input` without token ids while they are refused.
+    documented: Callable[[Settings], type[Any]] | None = None
+
+    def request_model(self, settings: Settings) -> type[Any]:
+        """The request model /openapi.json documents under `settings`."""
+        return self.request if self.documented is None else self.documented(settings)
 
     def serves(self, info: ModelInfo) -> bool:
         try:
@@ -138,6 +145,7 @@ async def serve(request: Request, parse: Parse) -> Response:
         return Response(status_code=499)
     job = parse(body, request.headers.get("content-type"), info, runtime.settings)
     request.scope["state"]["inputs"] = job.inputs
+    deadline = runtime.job_deadline(request, deadline, len(job.units))
     try:
         answers = await runtime.run(job.units, request, deadline, job.paths)
     except ClientGone:

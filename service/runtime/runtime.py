@@ -153,6 +153,20 @@ class Runtime:
             raise BadRequest("X-Request-Timeout must be a positive number of seconds")
         return arrival(request.scope) + timeout
 
+    def job_deadline(self, request: Request, deadline: float, inputs: int) -> float:
+        """The deadline of a request of `inputs` inputs: `deadline` (`deadline()`), or for a bulk
+        request (more than MAX_QUEUE_SIZE inputs) REQUEST_TIMEOUT_S for each MAX_QUEUE_SIZE of
+        them, as if each queue's worth were a request of its own (2,048 inputs: 8 x 30 s by
+        default); an `X-Request-Timeout` caps it still."""
+        if not self.batcher.queue.is_bulk(inputs):
+            return deadline
+        shares = math.ceil(inputs / self.settings.max_queue_size)
+        timeout = shares * self.settings.request_timeout_s
+        asked = request.headers.get("x-request-timeout")
+        if asked is not None:
+            timeout = min(timeout, float(asked))  # valid: `deadline()` checked it
+        return arrival(request.scope) + timeout
+
     def timeout(self, asked: str | bytes | None) -> float | None:
         """Seconds a request may take: REQUEST_TIMEOUT_S, or the `X-Request-Timeout` it sent
         when smaller (a larger one is capped); None for a value that is not a plain positive

@@ -20,6 +20,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "pipeline-server"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+# A profile users pass with `-f` (it names no image: theirs is set with it).
+SMALL_VALUES = CHART / "values-small.yaml"
 # Render CRD-backed objects as a cluster with KEDA and the Prometheus Operator would.
 CRD_APIS = ("keda.sh/v1alpha1/ScaledObject", "monitoring.coreos.com/v1/ServiceMonitor")
 RELEASE = "rel"
@@ -54,9 +56,18 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def names_an_image(values: Path | None) -> bool:
+    """The values file sets `image.repository` (every `ci/*-values.yaml` does)."""
+    if values is None:
+        return False
+    return bool((yaml.safe_load(values.read_text()).get("image") or {}).get("repository"))
+
+
 def values_args(values: Path | None, sets: tuple[str, ...]) -> list[str]:
-    """`--values` and `--set` arguments; without a values file, `image.repository` is set."""
-    args = ["--values", str(values)] if values else ["--set", f"image.repository={REPOSITORY}"]
+    """`--values` and `--set` arguments; `image.repository` is set when the file names none."""
+    args = ["--values", str(values)] if values else []
+    if not names_an_image(values):
+        args += ["--set", f"image.repository={REPOSITORY}"]
     for s in sets:
         args += ["--set", s]
     return args
@@ -109,6 +120,15 @@ def env_map(container: Manifest) -> dict[str, Manifest]:
 
 def values_id(path: Path | None) -> str:
     return path.name if path else "default"
+
+
+def quantity(text: str) -> float:
+    """A quantity in bytes or cores ("1280Mi", "2Gi", "1500m", "2")."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "M": 10**6, "G": 10**9, "m": 1e-3}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * factor
+    return float(text)
 
 
 def cpu_cores(quantity: str | int | float) -> float:

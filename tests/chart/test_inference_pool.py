@@ -1,20 +1,29 @@
 """The chart's InferencePool (Gateway API Inference Extension, `inference.networking.k8s.io/v1`):
 valid against the CRD's schema, selecting this release's pods on the serving port, and absent
-when the cluster does not serve the API."""
+when the cluster does not serve the API; the pods' `llm-d.ai/engine-type` label, and
+docs/kubernetes.md's values for llm-d's router against the chart and the server."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
+import yaml
+from starlette.routing import Route
+
+from service import metrics
+from service.protocols.routes import ROUTES
 
 from .helm import (
     CHART,
     CRD_APIS,
     NAMESPACE,
     RELEASE,
+    REPO,
     REPOSITORY,
     Manifest,
     helm,
@@ -28,6 +37,7 @@ pytestmark = pytest.mark.chart
 SCHEMA = Path(__file__).parent / "schemas" / "inference.networking.k8s.io_inferencepool_v1.json"
 POOL_API = "inference.networking.k8s.io/v1/InferencePool"
 WITH_POOL = (*CRD_APIS, POOL_API)
+ENGINE_LABEL = "llm-d.ai/engine-type"
 
 
 def pool(*sets: str) -> tuple[Manifest, list[Manifest]]:
@@ -95,3 +105,72 @@ def test_nothing_renders_without_the_api_or_when_disabled() -> None:
     assert done.returncode == 0, done.stderr
     assert "WARNING: inferencePool.enabled=true, but this cluster does not serve" in done.stdout
     assert "kind: InferencePool" not in done.stdout
+
+
+def test_pods_carry_the_llm_d_engine_type_label() -> None:
+    """On the pods (with or without a pool), never in the selector (a selector is immutable);
+    `inferencePool.engineType=""` leaves it off; the schema takes label values only."""
+    for docs in (render(None), pool()[1]):
+        deployment = only(docs, "Deployment")
+        assert deployment["spec"]["template"]["metadata"]["labels"][ENGINE_LABEL] == (
+            "pipeline-server"
+        )
+        assert ENGINE_LABEL not in deployment["spec"]["selector"]["matchLabels"]
+    named = only(render(None, "inferencePool.engineType=embedder"), "Deployment")
+    assert named["spec"]["template"]["metadata"]["labels"][ENGINE_LABEL] == "embedder"
+    unlabelled = only(render(None, "inferencePool.engineType="), "Deployment")
+    assert ENGINE_LABEL not in unlabelled["spec"]["template"]["metadata"]["labels"]
+    done = helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        f"image.repository={REPOSITORY}",
+        "--set",
+        "inferencePool.engineType=not a label",
+    )
+    assert done.returncode != 0 and "engineType" in done.stderr
+
+
+def router_values() -> dict[str, Any]:
+    """docs/kubernetes.md's values for llm-d's router chart (the yaml block naming
+    `engineConfigs`), with its EndpointPickerConfig parsed."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if "engineConfigs" in b]
+    values: dict[str, Any] = yaml.safe_load(block)
+    epp = values["router"]["epp"]
+    epp["config"] = yaml.safe_load(epp["pluginsCustomConfig"][epp["pluginsConfigFile"]])
+    return values
+
+
+def test_the_llm_d_router_recipe_matches_the_chart_and_the_server() -> None:
+    values = router_values()
+    docs = render(None)
+    pod = only(docs, "Deployment")["spec"]["template"]
+    servers = values["router"]["modelServers"]
+    selector = only(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert servers["matchLabels"] == {**selector, "app.kubernetes.io/instance": "embed"}
+    (container,) = pod["spec"]["containers"]
+    assert servers["targetPorts"] == [{"number": container["ports"][0]["containerPort"]}]
+
+    config = values["router"]["epp"]["config"]
+    assert config["apiVersion"] == "llm-d.ai/v1alpha1"
+    assert config["kind"] == "EndpointPickerConfig"
+    plugins = {p.get("name", p["type"]): p for p in config["plugins"]}
+    extractor = plugins["core-metrics-extractor"]["parameters"]
+    (engine,) = extractor["engineConfigs"]
+    assert engine["name"] == extractor["defaultEngine"] == pod["metadata"]["labels"][ENGINE_LABEL]
+    gauges = {g.describe()[0].name for g in (metrics.REQUESTS_WAITING, metrics.REQUESTS_RUNNING)}
+    assert {engine["queuedRequestsSpec"], engine["runningRequestsSpec"]} == gauges
+    assert engine["queuedRequestsSpec"] == metrics.REQUESTS_WAITING.describe()[0].name
+    for unserved in ("kvUsageSpec", "loraSpec", "cacheInfoSpec"):
+        assert engine[unserved] == ""  # turned off: no KV cache, no adapters
+
+    parsers = [p["pluginRef"] for p in config["requestHandler"]["parsers"]]
+    assert parsers == ["openai-parser", "passthrough-parser"]  # the fallback last
+    for profile in config["schedulingProfiles"]:
+        assert {p["pluginRef"] for p in profile["plugins"]} <= plugins.keys()
+    assert set(parsers) <= plugins.keys()
+    paths = {r.path for r in ROUTES if isinstance(r, Route)}
+    assert {"/v1/embeddings", "/", "/embed", "/rerank", "/metrics"} <= paths

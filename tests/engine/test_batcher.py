@@ -77,7 +77,12 @@ def batcher(tiny_models: dict[str, Path]) -> Iterator[tuple[Batcher, RecordingEn
         return engines[0]
 
     b = Batcher(
-        Settings(model_id=str(tiny_models["fill-mask"]), max_batch_size=3, max_queue_size=64),
+        Settings(
+            model_id=str(tiny_models["fill-mask"]),
+            max_batch_size=3,
+            max_queue_size=64,
+            max_client_batch_size=64,
+        ),
         factory,
     )
     b.start()

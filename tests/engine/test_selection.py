@@ -1,18 +1,22 @@
 """Batch selection: the padded partition is optimal, packed batches take the oldest, bounds
-hold (MAX_BATCH_SIZE, MAX_BATCH_TOKENS in the tokens a batch computes), nothing starves."""
+hold (MAX_BATCH_SIZE, MAX_BATCH_TOKENS in the tokens a batch computes), nothing starves, and
+bulk requests yield to interactive ones."""
 
 from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import dataclass
 
 import pytest
 
 from service.engine.batching.policy import (
+    BULK_WINDOW,
     MAX_PASSES,
     best_run,
     computed_tokens,
     next_batch,
+    next_must,
     oldest_run,
     partition,
 )
@@ -166,3 +170,81 @@ def test_the_cost_model_counts_the_tokens_a_batch_computes(
         assert estimate.predicted_wait(8) == pytest.approx(1e-3 * (2 * 50 + 8 * per_input))
         estimate.batch_started(computed)  # a running batch adds what it computes
         assert estimate.predicted_wait(0) == pytest.approx(1e-3 * (50 + computed))
+
+
+@dataclass
+class Queued:
+    """The fields `next_must` reads of a queued input."""
+
+    name: str
+    tokens: int
+    bulk: bool = False
+    enqueued_at: float = 0.0
+    deadline: float = 100.0
+    passed_over: int = 0
+
+
+def simulate(
+    pool: list[Queued], arrivals: dict[int, list[Queued]], batches: int
+) -> list[list[str]]:
+    """Run the batcher's rule for `batches` batches of at most 8 (`next_must`, then `best_run`
+    over the candidates); `arrivals[k]` join the pool before batch k. Each batch's names."""
+    order: list[list[str]] = []
+    for k in range(batches):
+        pool += arrivals.get(k, [])
+        candidates, must = next_must(pool, now=0.0, urgent_s=0.0, max_size=8)
+        group = sorted(candidates, key=lambda q: q.tokens)
+        a, b = best_run(
+            [q.tokens for q in group],
+            must=group.index(must) if must is not None else None,
+            max_size=8,
+            max_tokens=None,
+            overhead_tokens=64,
+        )
+        chosen = group[a:b]
+        order.append([q.name for q in chosen])
+        pool[:] = [q for q in pool if q not in chosen]
+        for q in pool:
+            q.passed_over += 1
+    return order
+
+
+def test_an_interactive_input_runs_in_the_next_batch_while_bulk_inputs_wait() -> None:
+    """2,048 bulk inputs of one length queued first; a one-input request arriving before batch
+    3 runs in batch 3, not after the 2,048 (256 batches of 8 later)."""
+    bulk = [Queued(f"b{i}", 12, bulk=True, enqueued_at=0.0) for i in range(2048)]
+    late = Queued("interactive", 40, enqueued_at=1.0)
+    batches = simulate(bulk, {3: [late]}, batches=5)
+    assert "interactive" in batches[3]
+    assert batches[4] == [f"b{i}" for i in range(24, 32)]  # then the bulk goes on, in order
+
+
+def test_bulk_candidates_are_a_window_in_arrival_order_and_the_oldest_interactive_leads() -> None:
+    bulk = [Queued(f"b{i}", 10 + i % 7, bulk=True) for i in range(1000)]
+    older = Queued("older", 30, enqueued_at=1.0)
+    newer = Queued("newer", 5, enqueued_at=2.0)
+    candidates, must = next_must([*bulk, newer, older], now=0.0, urgent_s=0.0, max_size=8)
+    assert must is older
+    assert [q.name for q in candidates if q.bulk] == [f"b{i}" for i in range(BULK_WINDOW * 8)]
+    assert {"older", "newer"} <= {q.name for q in candidates}
+
+
+def test_without_bulk_the_rule_is_the_padding_aware_one() -> None:
+    """No bulk inputs: nothing is forced that the rule without bulk would not force, so the
+    most efficient run goes first (the fairness rule changes nothing for interactive load)."""
+    pool = [Queued("a", 5, enqueued_at=1.0), Queued("b", 300, enqueued_at=0.0)]
+    candidates, must = next_must(pool, now=0.0, urgent_s=0.0, max_size=8)
+    assert must is None and len(candidates) == 2
+    starving = Queued("c", 300, passed_over=MAX_PASSES)
+    assert next_must([*pool, starving], now=0.0, urgent_s=0.0, max_size=8)[1] is starving
+    due = Queued("d", 7, deadline=0.5)
+    assert next_must([*pool, due], now=0.0, urgent_s=1.0, max_size=8)[1] is due
+
+
+def test_bulk_waits_behind_interactive_but_is_forced_when_alone() -> None:
+    """A starving bulk input does not jump an interactive one; with no interactive input
+    left it is forced like any other."""
+    starving = Queued("bulk", 300, bulk=True, passed_over=MAX_PASSES)
+    small = Queued("small", 5, enqueued_at=3.0)
+    assert next_must([starving, small], now=0.0, urgent_s=0.0, max_size=8)[1] is small
+    assert next_must([starving], now=0.0, urgent_s=0.0, max_size=8)[1] is starving

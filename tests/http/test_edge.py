@@ -37,6 +37,7 @@ def server(
         "MODEL_ID": str(tiny_models["text-classification"]),
         "REQUEST_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S),
         "MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+        "MAX_BODY_BYTES": str(BODY_LIMIT),
     }
     proc = ServerProcess(env, tmp_path_factory.mktemp("edge") / "server.log")
     try:

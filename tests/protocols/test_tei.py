@@ -304,13 +304,13 @@ def test_pipeline_tasks_refuse_tei_routes(fill_mask_client: TestClient) -> None:
             422,
             "more than the 384 dimensions this model emits",
         ),
-        ("/embed", {"inputs": ["x"] * 65}, 413, "at most 64 (MAX_CLIENT_BATCH_SIZE)"),
+        ("/embed", {"inputs": ["x"] * 2049}, 413, "at most 2048 (MAX_CLIENT_BATCH_SIZE)"),
         ("/embed", [1], 422, "body must be a JSON object"),
         (
             "/similarity",
-            {"inputs": {"source_sentence": "x", "sentences": ["y"] * 64}},
+            {"inputs": {"source_sentence": "x", "sentences": ["y"] * 2048}},
             413,
-            "65 inputs",
+            "2049 inputs",
         ),
         ("/tokenize", {"inputs": ["a", ""]}, 422, "inputs[1] is empty"),
         ("/decode", {"ids": []}, 422, "ids is an empty list"),
@@ -337,7 +337,7 @@ def test_predict_input_shapes(classifier_client: TestClient) -> None:
 
 def test_body_limits_and_content_type(embedded_client: TestClient) -> None:
     r = embedded_client.post(
-        "/embed", content=b"x" * (1024 * 1024 + 1), headers={"content-type": "application/json"}
+        "/embed", content=b"x" * (4 * 1024 * 1024 + 1), headers={"content-type": "application/json"}
     )
     assert r.status_code == 413
     r = embedded_client.post("/embed", content=b"hello", headers={"content-type": "text/plain"})

@@ -180,9 +180,6 @@ The shutdown margin (10 s) covers gunicorn's exit after the drain and the kubele
 {{- if and $v.keda.enabled (gt (int $v.keda.minReplicaCount) (int $v.keda.maxReplicaCount)) }}
 {{- fail (printf "keda.minReplicaCount (%d) is above keda.maxReplicaCount (%d)" (int $v.keda.minReplicaCount) (int $v.keda.maxReplicaCount)) }}
 {{- end }}
-{{- if lt (int $v.server.maxQueueSize) (int $v.server.maxClientBatchSize) }}
-{{- fail (printf "server.maxQueueSize (%d) must be at least server.maxClientBatchSize (%d): a full-size request could never be admitted" (int $v.server.maxQueueSize) (int $v.server.maxClientBatchSize)) }}
-{{- end }}
 {{- if and (eq $v.model.source "pvc") (not $v.model.pvc.claimName) }}
 {{- fail "model.source=pvc needs model.pvc.claimName (an existing PersistentVolumeClaim holding the model)" }}
 {{- end }}

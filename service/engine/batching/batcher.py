@@ -22,7 +22,7 @@ from enum import StrEnum
 
 import structlog
 
-from service import metrics
+from service import load_failure, metrics
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.forming import BatchFormer
 from service.engine.batching.queue import WorkQueue
@@ -52,7 +52,7 @@ class Batcher:
         self, settings: Settings, engine_factory: Callable[[Settings], Engine] = load_engine
     ) -> None:
         self.settings = settings
-        self.queue = WorkQueue(settings.max_queue_size)
+        self.queue = WorkQueue(settings.max_queue_size, settings.max_client_batch_size)
         self.estimate = ServiceTimeEstimate(max_batch_size=settings.max_batch_size)
         self.state = State.LOADING
         self.info: ModelInfo | None = None
@@ -100,10 +100,11 @@ class Batcher:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.settings.model_nice)
         try:
             engine = self._load()
-        except Exception:
-            log.exception("model_load_failed")
+        except Exception as exc:
+            line = load_failure.report(self.settings.model_id, exc)  # the line, the traceback
             self._mark_failed("model failed to load")
             self.forming.fail_all(lambda: Draining("the model failed to load", retry_after_s=30))
+            load_failure.record_and_exit(line)  # under gunicorn: the process ends (status 3)
             return
         try:
             while not self._stop.is_set():
@@ -128,7 +129,7 @@ class Batcher:
         if self.settings.model_load_delay_s:
             time.sleep(self.settings.model_load_delay_s)  # test-only: a slow load
         engine = self._engine_factory(self.settings)
-        warm_s = warm_up(engine)
+        warm_up(engine)
         cost = calibrate(engine)
         # Move the millions of objects torch and transformers made at import and load out of
         # the collector's reach: full collections then scan only what serving allocates,
@@ -142,13 +143,7 @@ class Batcher:
         self.forming.packed = self.runner.packed = engine.info.compute == "packed"
         metrics.MODEL_LOAD_SECONDS.set(loaded_s)
         metrics.TORCH_THREADS.set(engine.info.torch_threads)
-        log.info(
-            "model_ready",
-            load_s=round(loaded_s, 3),
-            warmup_s=round(warm_s, 4),
-            overhead_tokens=round(cost.overhead_tokens, 1),
-            **engine.info.summary(),
-        )
+        log.info("model_ready", **engine.info.ready_fields(loaded_s))
         self.heartbeat = time.monotonic()
         self.state = State.READY
         if self.drain_deadline is None:

@@ -17,7 +17,7 @@ import structlog
 from service import metrics
 from service.engine.batching import parts
 from service.engine.batching.cost import ServiceTimeEstimate
-from service.engine.batching.policy import MAX_PASSES, next_batch
+from service.engine.batching.policy import next_batch, next_must
 from service.engine.batching.queue import Item, WorkQueue
 from service.engine.batching.running import LastBatch
 from service.engine.jobs import NO_FORWARD
@@ -48,8 +48,10 @@ class BatchFormer:
         `prepare_many` call for all that arrived) into the pool; tokenize and decode are
         answered here (no forward); an input made into parts (a long input's windows) enters
         as its parts (`service.engine.batching.parts`)."""
-        live = [item for item in items if not item.dropped()]
-        gone = len(items) - len(live)
+        live: list[Item] = []
+        gone: list[Item] = []
+        for item in items:
+            (gone if item.dropped() else live).append(item)
         units = [item.unit for item in live]
         try:
             prepared = engine.prepare_many(units) if units else []
@@ -59,12 +61,12 @@ class BatchFormer:
         for item, result in zip(live, prepared, strict=True):
             if isinstance(result, ServiceError):
                 item.fail(result)
-                gone += 1
+                gone.append(item)
                 continue
             if isinstance(result, Exception):
                 log.error("prepare_failed", exc_info=result)
                 item.fail(InferenceFailed("the model failed on this input"))
-                gone += 1
+                gone.append(item)
                 continue
             item.prepared = result
             if result.parts:  # a long input's windows: each batched as an input
@@ -73,11 +75,12 @@ class BatchFormer:
             if item.unit.op in NO_FORWARD:
                 if item.future.set_running_or_notify_cancel():
                     item.future.set_result(result.answer)
-                gone += 1
+                gone.append(item)
                 continue
             self.pool.append(item)
-        if gone:
-            self.queue.release(gone)
+        # What admission charges a bulk request: the characters per token of these texts.
+        self.estimate.observe_units((i.unit, i.prepared.n_tokens) for i in live if i.prepared)
+        self.queue.release(gone)
 
     def next_batch(self, engine: Engine, last: LastBatch) -> list[Item]:
         """The inputs to run now, taken out of the pool (empty when none is left to run)."""
@@ -144,29 +147,29 @@ class BatchFormer:
         for item in doomed:
             metrics.EXPIRED.labels("queued").inc()
             item.fail(DeadlineExceeded("the request deadline passes before its batch could end"))
-        self.queue.release(len(doomed))
+        self.queue.release(doomed)
 
     def select(self, last_s: float) -> list[Item]:
         """The next batch from the pool (`service.engine.batching.policy`: padding-aware, or
         the oldest when the forward is packed), with any input passed over MAX_PASSES times or
-        whose deadline is within 4 x `last_s`. Units
-        of every op and parameter set share batches: parameters only change each unit's own
-        tokenization and answer, never the forward."""
-        now = time.monotonic()
-        urgent_s = 4 * last_s
-        forced = [
-            i for i in self.pool if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s
-        ]
-        must = min(forced, key=lambda i: (i.deadline, i.enqueued_at)) if forced else None
+        whose deadline is within 4 x `last_s`, and while bulk inputs wait, the oldest
+        interactive one (`next_must`). Units of every op and parameter set share batches:
+        parameters only change each unit's own tokenization and answer, never the forward."""
+        candidates, must = next_must(
+            self.pool,
+            now=time.monotonic(),
+            urgent_s=4 * last_s,
+            max_size=self.settings.max_batch_size,
+        )
         picked = next_batch(
-            [i.tokens for i in self.pool],
-            must=self.pool.index(must) if must is not None else None,
+            [i.tokens for i in candidates],
+            must=candidates.index(must) if must is not None else None,
             max_size=self.settings.max_batch_size,
             max_tokens=self.settings.max_batch_tokens,
             overhead_tokens=self.estimate.overhead_tokens,
             packed=self.packed,
         )
-        return sorted((self.pool[k] for k in picked), key=lambda i: i.enqueued_at)
+        return sorted((candidates[k] for k in picked), key=lambda i: i.enqueued_at)
 
     def fill(self, engine: Engine, batch: list[Item], last_s: float) -> list[Item]:
         """Wait up to MAX_BATCH_WAIT_MS, once per batch from when it starts forming, for more
@@ -189,14 +192,14 @@ class BatchFormer:
         self.pool = [i for i in self.pool if id(i) not in chosen]
         for item in self.pool:
             item.passed_over += 1
-        self.queue.release(len(batch))
+        self.queue.release(batch)
 
     def fail_pool(self, error: Callable[[], BaseException]) -> None:
         """Answer every pooled input with a new `error()`."""
         pool, self.pool = self.pool, []
         for item in pool:
             item.fail(error())
-        self.queue.release(len(pool))
+        self.queue.release(pool)
 
     def fail_all(self, error: Callable[[], BaseException]) -> None:
         """Answer the pool and everything still queued (not yet tokenized) alike."""

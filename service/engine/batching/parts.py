@@ -37,6 +37,7 @@ def expand(item: Item, prepared: Prepared, queue: WorkQueue) -> list[Item]:
             prepared=part,
             tally=item.tally,
             parent=item,
+            bulk=item.bulk,
         )
         for part in prepared.parts
     ]
@@ -46,7 +47,7 @@ def expand(item: Item, prepared: Prepared, queue: WorkQueue) -> list[Item]:
         part.future.add_done_callback(partial(gather.part_done, k))
     if item.tally is not None:
         item.tally.expand([part.future for part in parts])
-    queue.charge(len(parts) - 1)  # the input was one of the depth; its parts are counted now
+    queue.charge(len(parts) - 1, bulk=item.bulk)  # the input was counted; now its parts are
     return parts
 
 

@@ -25,13 +25,61 @@ passed over MAX_PASSES times, or whose deadline is near, must be in the next bat
 deadline first, then the oldest), which runs the run holding it (padded) or starts with it
 (packed); so an input waits behind at most MAX_PASSES batches plus those forced ahead of it,
 and FIFO order holds among inputs in that state.
+
+Bulk requests (more inputs than MAX_QUEUE_SIZE: `service.engine.batching.queue`) yield to
+interactive ones (`next_must`): while bulk inputs wait, the oldest interactive input must be in
+the next batch (a forced interactive input first), so a one-input request waits for the running
+batch, not for the 2,048 inputs queued before it; the batch holding it is filled with bulk
+inputs. Only the first BULK_WINDOW batches' worth of bulk inputs (in arrival order) are
+candidates: choosing among them stays cheap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 MAX_PASSES = 4
+BULK_WINDOW = 4  # bulk candidates: this many batches' worth (MAX_BATCH_SIZE each)
+
+
+class Waiting(Protocol):
+    """What the rule reads of a queued input (`service.engine.batching.queue.Item`)."""
+
+    @property
+    def bulk(self) -> bool: ...
+    @property
+    def enqueued_at(self) -> float: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def passed_over(self) -> int: ...
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+def next_must(
+    pool: Sequence[W], *, now: float, urgent_s: float, max_size: int
+) -> tuple[list[W], W | None]:
+    """The candidates for the next batch (every interactive input, the first
+    `BULK_WINDOW x max_size` bulk ones in `pool`'s order) and the input it must hold, or None:
+    a forced interactive input (passed over MAX_PASSES times, or due within `urgent_s` of
+    `now`; the earliest deadline, then the oldest), else while bulk inputs wait the oldest
+    interactive input, else a forced bulk input."""
+    interactive = [i for i in pool if not i.bulk]
+    bulk = [i for i in pool if i.bulk][: BULK_WINDOW * max_size]
+
+    def forced(items: list[W]) -> W | None:
+        due = [i for i in items if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s]
+        return min(due, key=lambda i: (i.deadline, i.enqueued_at)) if due else None
+
+    must = forced(interactive)
+    if must is None and interactive and bulk:
+        must = min(interactive, key=lambda i: i.enqueued_at)
+    if must is None:
+        must = forced(bulk)
+    return interactive + bulk, must
 
 
 def partition(

@@ -3,6 +3,16 @@
 `WorkQueue.offer` is admission: it sheds (503) before any work when the queue is full or the
 predicted wait exceeds the request's deadline; the lock is held only for list operations, so
 the event loop never waits on inference.
+
+Two kinds of request share the queue. A request of at most MAX_QUEUE_SIZE inputs is
+interactive: its inputs count against MAX_QUEUE_SIZE with every other interactive input, and its
+predicted wait counts only the interactive inputs ahead of it, since the batcher puts the oldest
+interactive input in every batch while bulk inputs wait (`service.engine.batching.policy.
+next_must`). A larger request is bulk (an indexer's chunk: up to MAX_CLIENT_BATCH_SIZE,
+2,048 by default, OpenAI's limit): bulk inputs count against their own bound, the larger of
+MAX_QUEUE_SIZE and MAX_CLIENT_BATCH_SIZE, so a full client batch is admitted whenever no other
+bulk work holds that room; its predicted wait counts everything queued and its own tokens
+(estimated from its text, `ServiceTimeEstimate.text_tokens`).
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +47,7 @@ class Item:
     passed_over: int = 0  # batches formed from its parameter group without it
     tally: RequestTally | None = None  # its request's stage, set when queued (`occupancy`)
     parent: Item | None = None  # the input this one is a part of (a window: `parts`)
+    bulk: bool = False  # its request has more inputs than MAX_QUEUE_SIZE (set when queued)
 
     @property
     def tokens(self) -> int:
@@ -82,10 +94,13 @@ class WorkQueue:
     `service.engine.batching.occupancy`).
     """
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int, bulk_capacity: int = 0) -> None:
+        self.capacity = capacity  # interactive inputs waiting (MAX_QUEUE_SIZE)
+        # Bulk inputs waiting: at least one full client batch (MAX_CLIENT_BATCH_SIZE).
+        self.bulk_capacity = max(capacity, bulk_capacity)
         self._new: deque[Item] = deque()
         self._depth = 0
+        self._bulk_depth = 0
         self._inputs_per_request = 1.0  # moving mean over admitted requests (`room`)
         self._cond = threading.Condition()
         self.occupancy = Occupancy(metrics.REQUESTS_WAITING, metrics.REQUESTS_RUNNING)
@@ -94,11 +109,21 @@ class WorkQueue:
     def depth(self) -> int:
         return self._depth
 
+    @property
+    def bulk_depth(self) -> int:
+        """The bulk inputs among `depth`."""
+        return self._bulk_depth
+
+    def is_bulk(self, n: int) -> bool:
+        """A request of `n` inputs is bulk: more than MAX_QUEUE_SIZE."""
+        return n > self.capacity
+
     def room(self) -> int:
-        """How many more requests of the usual size fit now: the free inputs over the mean
-        inputs of the requests admitted lately (a moving mean, weight 1/16 a request). Read
-        without the lock, as `refusal` is from the head."""
-        return int((self.capacity - self._depth) / max(1.0, self._inputs_per_request))
+        """How many more interactive requests of the usual size fit now: the free interactive
+        inputs over the mean inputs of the interactive requests admitted lately (a moving
+        mean, weight 1/16 a request). Read without the lock, as `refusal` is from the head."""
+        free = self.capacity - (self._depth - self._bulk_depth)
+        return int(free / max(1.0, self._inputs_per_request))
 
     def room_by(self, deadline: float, estimate: ServiceTimeEstimate) -> int:
         """`room()`, or 0 while a request of the usual size due by `deadline` (monotonic s)
@@ -110,48 +135,64 @@ class WorkQueue:
             return 0
         return room
 
-    def refusal(self, n: int, deadline: float, estimate: ServiceTimeEstimate) -> Overloaded | None:
-        """Why `n` more inputs due by `deadline` (monotonic) must be shed now, or None.
+    def refusal(
+        self,
+        n: int,
+        deadline: float,
+        estimate: ServiceTimeEstimate,
+        tokens: float | None = None,
+    ) -> Overloaded | None:
+        """Why `n` more inputs due by `deadline` (monotonic) must be shed now, or None;
+        `tokens`: their estimated tokens (None: `n` inputs of the usual size).
 
-        Full queue, or a predicted wait past the deadline: shedding happens before any work
-        (TEI's `try_acquire_permit`), so a request that would wait past its deadline is
-        refused now instead of expiring in the queue (counted when answered: `errors.shed`
-        reasons). Called by `offer` under the lock, and by the admission policy from the
-        request head (`service.admission.policy`) without it: a stale read there only decides
-        one request a batch late, and `offer` decides again."""
-        depth = self._depth
-        if depth + n > self.capacity:
+        Full queue (interactive or bulk, see the module docstring), or a predicted wait past
+        the deadline: shedding happens before any work (TEI's `try_acquire_permit`), so a
+        request that would wait past its deadline is refused now instead of expiring in the
+        queue (counted when answered: `errors.shed` reasons). Called by `offer` under the
+        lock, and by the admission policy from the request head (`service.admission.policy`)
+        without it: a stale read there only decides one request a batch late, and `offer`
+        decides again."""
+        depth, bulk = self._depth, self.is_bulk(n)
+        waiting = self._bulk_depth if bulk else depth - self._bulk_depth
+        bound = self.bulk_capacity if bulk else self.capacity
+        ahead = depth if bulk else waiting  # interactive inputs go before bulk ones
+        if waiting + n > bound:
+            kind = "bulk " if bulk else ""
             return Overloaded(
-                f"queue full ({depth} of {self.capacity} inputs waiting); retry later",
-                retry_after_s=estimate.predicted_wait(depth),
+                f"queue full ({waiting} of {bound} {kind}inputs waiting); retry later",
+                retry_after_s=estimate.predicted_wait(ahead),
                 shed="queue_full",
             )
         # Shed for the deadline only behind other work: alone on an idle server a request
         # starts at once, and its batch corrects an estimate that was too pessimistic
         # (otherwise one slow cold batch could shed short deadlines forever).
         idle = depth == 0 and not estimate.running()
-        wait = estimate.predicted_wait(depth + n)
+        wait = estimate.predicted_wait(ahead + n, own=(n, tokens) if tokens else None)
         if not idle and wait > deadline - time.monotonic():
             return Overloaded(
                 f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
-                retry_after_s=estimate.predicted_wait(depth),
+                retry_after_s=estimate.predicted_wait(ahead),
                 shed="deadline",
             )
         return None
 
     def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
         """Queue all of `items` (one request's inputs) or none: raise `Overloaded` when full
-        or too slow for them."""
+        or too slow for them. A bulk request is charged for its tokens, estimated from its text."""
+        n, bulk = len(items), self.is_bulk(len(items))
+        tokens = estimate.text_tokens([i.unit for i in items]) if bulk else None
         with self._cond:
-            refusal = self.refusal(len(items), min(i.deadline for i in items), estimate)
+            refusal = self.refusal(n, min(i.deadline for i in items), estimate, tokens)
             if refusal is not None:
                 raise refusal
-            self._inputs_per_request += (len(items) - self._inputs_per_request) / 16
+            if not bulk:
+                self._inputs_per_request += (n - self._inputs_per_request) / 16
             tally = self.occupancy.admit([i.future for i in items])
             for item in items:
-                item.tally = tally
+                item.tally, item.bulk = tally, bulk
             self._new.extend(items)
-            self._depth += len(items)
+            self._depth += n
+            self._bulk_depth += n if bulk else 0
             metrics.QUEUE_DEPTH.set(self._depth)
             self._cond.notify()
 
@@ -164,17 +205,22 @@ class WorkQueue:
             self._new.clear()
             return taken
 
-    def charge(self, n: int) -> None:
+    def charge(self, n: int, *, bulk: bool = False) -> None:
         """`n` more inputs wait than were offered: an input became several parts (its windows,
-        `service.engine.batching.parts`), each counted from now on."""
+        `service.engine.batching.parts`), each counted from now on (as bulk inputs too where
+        the input was one)."""
         with self._cond:
             self._depth += n
+            self._bulk_depth += n if bulk else 0
             metrics.QUEUE_DEPTH.set(self._depth)
 
-    def release(self, n: int) -> None:
-        """`n` inputs left the waiting set (started, answered with an error, or dropped)."""
+    def release(self, items: Sequence[Item]) -> None:
+        """`items` left the waiting set (started, answered with an error, or dropped)."""
+        if not items:
+            return
         with self._cond:
-            self._depth -= n
+            self._depth -= len(items)
+            self._bulk_depth -= sum(1 for i in items if i.bulk)
             metrics.QUEUE_DEPTH.set(self._depth)
 
     def started(self, items: list[Item]) -> None:

@@ -1,19 +1,23 @@
-"""OpenAI's embeddings API: `POST /v1/embeddings` and `GET /v1/models`, as the openai SDK sends
-and reads them.
+"""OpenAI's embeddings API: `POST /v1/embeddings` and `GET /v1/models`, as the openai SDK sends and
+reads them.
 
-`input` is a string, a list of strings, a list of token ids (one input) or a list of those
-(token ids are used as given: no special tokens added). Vectors are the model's sentence
-embeddings, always L2-normalized, whether or not the model ends in a Normalize module (OpenAI's
-vectors are unit length, and clients take dot products as cosines); `dimensions` keeps the
-first N, then normalizes again (as OpenAI's text-embedding-3 models answer), with a `Warning`
-header when the model was not trained for Matryoshka cuts. `encoding_format: "base64"` (what
-the SDK asks for when the caller names no format, and decodes itself) is each vector's
-little-endian float32 bytes in base64; `int8`/`uint8` (calibrated ranges) and
-`binary`/`ubinary` are sentence-transformers' `quantize_embeddings` codes
-(`service.protocols.encodings`). `model` is accepted and the
-answer names our served model (`info.served_name`); `user` is accepted and ignored. `usage`
-counts the tokens each input took with this model's tokenizer (after truncation), counted in
-the inference thread. Errors on `/v1/*` use OpenAI's envelope (`service.errors.error_content`).
+`input` is a string, a list of strings, a list of token ids (one input) or a list of those. The
+OpenAI API defines token ids as OpenAI's tiktoken ids, which are not this model's tokens
+(LangChain's `OpenAIEmbeddings` sends them unless `check_embedding_ctx_length=False`): they are
+refused with 422 saying so, unless `OPENAI_TOKEN_IDS=model`, which reads them as this model's
+own ids (vLLM's reading), used as given (no special tokens added; ids outside the vocabulary
+422). Vectors are the model's sentence embeddings, always L2-normalized, whether or not the
+model ends in a Normalize module (OpenAI's vectors are unit length, and clients take dot
+products as cosines); `dimensions` keeps the first N, then normalizes again (as OpenAI's text-
+embedding-3 models answer), with a `Warning` header when the model was not trained for
+Matryoshka cuts. `encoding_format: "base64"` (what the SDK asks for when the caller names no
+format, and decodes itself) is each vector's little-endian float32 bytes in base64;
+`int8`/`uint8` (calibrated ranges) and `binary`/`ubinary` are sentence-transformers'
+`quantize_embeddings` codes
+(`service.protocols.encodings`). `model` is accepted and the answer names our served model
+(`info.served_name`); `user` is accepted and ignored. `usage` counts the tokens each input took
+with this model's tokenizer (after truncation), counted in the inference thread. Errors on
+`/v1/*` use OpenAI's envelope (`service.errors.error_content`).
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from starlette.responses import Response
 
 from service.engine.jobs import Counted, Job, Op
 from service.engine.types import ModelInfo
+from service.errors import InvalidInput
 from service.protocols import tei_shapes
 from service.protocols.embedding.common import dimension_warning, embedding_params
 from service.protocols.encodings import EncodingField, encode_vector
-from service.protocols.schemas import Dimensions, decode, inputs_list, validate
+from service.protocols.schemas import Dimensions, NonBlank, decode, inputs_list, validate
 from service.protocols.serving import (
     Endpoint,
     json_response,
@@ -60,6 +65,24 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: EncodingField | None = None
     dimensions: Dimensions | None = None
     user: str | None = Field(None, description="accepted and ignored")
+
+
+#: `input` without token ids: what /openapi.json shows while OPENAI_TOKEN_IDS=refuse.
+TextInput = Annotated[
+    NonBlank | Annotated[list[NonBlank], inputs_list()],
+    BeforeValidator(tei_shapes.embed_inputs("input")),
+]
+
+
+class TextEmbeddingsRequest(EmbeddingsRequest):
+    """The request as documented while token ids are refused (parsing uses `EmbeddingsRequest`,
+    so token ids get the refusal's own message)."""
+
+    input: TextInput  # type: ignore[assignment]
+
+
+def _documented(settings: Settings) -> type[EmbeddingsRequest]:
+    return EmbeddingsRequest if settings.openai_token_ids == "model" else TextEmbeddingsRequest
 
 
 class Embedding(BaseModel):
@@ -106,9 +129,28 @@ class OpenAIErrorResponse(BaseModel):
     error: OpenAIError
 
 
+#: The 422 for token ids while OPENAI_TOKEN_IDS=refuse.
+FOREIGN_TOKEN_IDS = (
+    "input holds token ids, which /v1/embeddings reads as OpenAI's tiktoken ids (the OpenAI "
+    "API's definition), not this model's tokens; send the text itself (LangChain's "
+    "OpenAIEmbeddings: check_embedding_ctx_length=False), or start the server with "
+    "OPENAI_TOKEN_IDS=model to read them as this model's own token ids"
+)
+
+
+def _holds_token_ids(value: Any) -> bool:
+    """A validated `input` is token ids or a list holding some: a list of ints, or a list whose
+    items include a list."""
+    if not isinstance(value, list):
+        return False
+    return any(isinstance(x, list) or not isinstance(x, str) for x in value)
+
+
 def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     doc = decode(body, content_type, raw_text=False)
     r = validate(EmbeddingsRequest, doc, what="/v1/embeddings", max_inputs=s.max_client_batch_size)
+    if s.openai_token_ids == "refuse" and _holds_token_ids(r.input):
+        raise InvalidInput(FOREIGN_TOKEN_IDS)
     params = embedding_params(
         info,
         truncate=None,
@@ -159,5 +201,6 @@ ENDPOINTS = (
         check=needs(Op.EMBED, "/v1/embeddings"),
         request=EmbeddingsRequest,
         response=EmbeddingsResponse,
+        documented=_documented,
     ),
 )
