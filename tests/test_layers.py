@@ -173,3 +173,27 @@ def test_the_checks_catch_what_they_look_for() -> None:
     assert RANK["http"] > RANK["protocols"] > RANK["admission"] > RANK["runtime"]
     assert RANK["runtime"] > RANK["engine"] > RANK["bottom"]
     assert "service.engine.batching.batcher" in graph()
+
+
+DIALECTS = {"hf", "tei", "openai", "cohere", "jina"}
+
+
+def is_dialect(module: str) -> bool:
+    """A dialect codec: `service.protocols.<task>.<dialect>` (e.g. `...embedding.tei`)."""
+    parts = module.split(".")
+    return len(parts) == 4 and parts[1] == "protocols" and parts[3] in DIALECTS
+
+
+def test_no_dialect_module_imports_another() -> None:
+    """Each dialect is a thin codec: what two share lives in the task's own module or a shared
+    shapes module, never in another dialect's codec."""
+    sideways = [
+        f"{src} imports {dst}"
+        for src, dsts in sorted(graph().items())
+        if is_dialect(src)
+        for dst in sorted(dsts)
+        if is_dialect(dst)
+    ]
+    assert not sideways, "dialect modules importing each other:\n" + "\n".join(sideways)
+    dialects = [m for m in graph() if is_dialect(m)]
+    assert "service.protocols.embedding.tei" in dialects and len(dialects) >= 8
