@@ -12,7 +12,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import math
-import re
 import signal
 import threading
 import time
@@ -37,11 +36,11 @@ from service.errors import (
     ServiceError,
 )
 from service.runtime.body import read_body
+from service.runtime.deadlines import bulk_timeout, request_timeout
 from service.settings import Settings
 
 log = structlog.get_logger("service.runtime")
 
-_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")  # a plain decimal: no inf, nan, 1e309, 1_0
 _LOADING_RETRY_S = 5  # Retry-After while the model loads or the pod drains (a fixed value)
 
 
@@ -155,28 +154,15 @@ class Runtime:
 
     def job_deadline(self, request: Request, deadline: float, inputs: int) -> float:
         """The deadline of a request of `inputs` inputs: `deadline` (`deadline()`), or for a bulk
-        request (more than MAX_QUEUE_SIZE inputs) REQUEST_TIMEOUT_S for each MAX_QUEUE_SIZE of
-        them, as if each queue's worth were a request of its own (2,048 inputs: 8 x 30 s by
-        default); an `X-Request-Timeout` caps it still."""
+        request `deadlines.bulk_timeout` from its arrival."""
         if not self.batcher.queue.is_bulk(inputs):
             return deadline
-        shares = math.ceil(inputs / self.settings.max_queue_size)
-        timeout = shares * self.settings.request_timeout_s
         asked = request.headers.get("x-request-timeout")
-        if asked is not None:
-            timeout = min(timeout, float(asked))  # valid: `deadline()` checked it
-        return arrival(request.scope) + timeout
+        return arrival(request.scope) + bulk_timeout(self.settings, inputs, asked)
 
     def timeout(self, asked: str | bytes | None) -> float | None:
-        """Seconds a request may take: REQUEST_TIMEOUT_S, or the `X-Request-Timeout` it sent
-        when smaller (a larger one is capped); None for a value that is not a plain positive
-        decimal."""
-        if asked is None:
-            return self.settings.request_timeout_s
-        text = asked.decode("latin-1") if isinstance(asked, bytes) else asked
-        if not _SECONDS.fullmatch(text.strip()) or not float(text) > 0:
-            return None
-        return min(self.settings.request_timeout_s, float(text))
+        """`deadlines.request_timeout` under this server's settings."""
+        return request_timeout(self.settings, asked)
 
     async def receive(self, request: Request, deadline: float) -> bytes:
         """The body (413 past MAX_BODY_BYTES, as it streams in), read within the request's
