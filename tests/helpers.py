@@ -146,3 +146,32 @@ class ServerProcess:
         if not self._log.closed:
             self._log.flush()
         return self.log_file.read_text(errors="replace")
+
+
+SCHEMATHESIS_CONFIG = Path(__file__).parent / "protocols" / "schemathesis.toml"
+
+
+def schemathesis_finds_nothing(url: str, cwd: Path, *headers: str, timeout_s: float = 300) -> None:
+    """Run schemathesis against `url`'s /openapi.json: every operation, every check (no 5xx, no
+    answer outside the document, valid data accepted and invalid refused), 20 examples per
+    operation with a fixed seed (the same cases each run), one worker. `headers`: extra
+    `Name: value` headers on every request. Fails the test with schemathesis's report."""
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")),
+        "--config-file", str(SCHEMATHESIS_CONFIG),
+        "run", f"{url}/openapi.json",
+        "--checks", "all",
+        "--max-examples", "20",
+        "--seed", "1",
+        "--workers", "1",
+        "--generation-database", "none",
+        "--request-timeout", "30",
+        "--no-color",
+    ]  # fmt: skip
+    for header in headers:
+        command += ["-H", header]
+    run = subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "failure" not in run.stdout

@@ -4,8 +4,6 @@ the document), and `/embed_sparse` against TEI's schema."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,13 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 from family_models import sentence_model, splade_model
-from helpers import ServerProcess
+from helpers import ServerProcess, schemathesis_finds_nothing
 from schema_check import check_tei, validator
 from sentence_transformers import SentenceTransformer, SparseEncoder
 
 pytestmark = pytest.mark.server
 
-CONFIG = Path(__file__).parent / "protocols" / "schemathesis.toml"
 FUZZ_ENV = {"MAX_CLIENT_BATCH_SIZE": "8", "TRUNCATE": "true", "TORCH_NUM_THREADS": "1"}
 TEXTS = ["hello", "paris is the capital of france", "john lives in london " * 6]
 
@@ -97,20 +94,4 @@ def test_schemathesis_finds_nothing(
     servers: dict[str, ServerProcess], name: str, tmp_path: Path
 ) -> None:
     """As `test_openapi.py` runs it: every operation, every check, 20 examples each, seeded."""
-    command = [
-        str(Path(sys.executable).with_name("schemathesis")),
-        "--config-file", str(CONFIG),
-        "run", f"{servers[name].url}/openapi.json",
-        "--checks", "all",
-        "--max-examples", "20",
-        "--seed", "1",
-        "--workers", "1",
-        "--generation-database", "none",
-        "--request-timeout", "30",
-        "--no-color",
-    ]  # fmt: skip
-    run = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "failure" not in run.stdout
+    schemathesis_finds_nothing(servers[name].url, tmp_path)

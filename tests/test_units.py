@@ -42,6 +42,9 @@ def test_settings_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -
         ({"DEVICE": "tpu"}, "invalid setting DEVICE: Input should be 'cpu', 'cuda' or 'auto'"),
         ({"REQUEST_TIMEOUT_S": "soon"}, "invalid setting REQUEST_TIMEOUT_S: Input should be"),
         ({"OPENAI_TOKEN_IDS": "tiktoken"}, "invalid setting OPENAI_TOKEN_IDS: Input should be"),
+        ({"LONG_INPUTS": "chunk", "TRUNCATE": "true"}, "invalid setting LONG_INPUTS: "),
+        ({"LONG_INPUTS": "split"}, "invalid setting LONG_INPUTS: Input should be 'refuse'"),
+        ({"TRUNCATE": "maybe"}, "invalid setting TRUNCATE: Input should be a valid boolean"),
     ],
 )
 def test_bad_setting_names_the_variable(
