@@ -7,7 +7,11 @@ float32, onnxruntime int8), built as the server builds it (`load_engine` with BA
 tokenizer + forward + pooling + normalize (`engine.prepare` + `engine.run`, the server's own
 path) on length-sorted batches of 32, 8 and 1, inputs/s over a time budget per batch size; and
 its sentence embeddings against torch float32's on the whole corpus: cosine (min / mean) and
-how many of each input's 10 nearest neighbours stay the same. Prints a markdown table.
+how many of each input's 10 nearest neighbours stay the same, over the 2,000 inputs and over
+its distinct texts. The corpus repeats texts (2,000 inputs hold 598 distinct ones, some 31
+times): over all inputs a text's copies tie at a cosine of 1, and which copies make its top 10
+turns on rounding alone (onnxruntime float32 keeps 97%, torch bfloat16 77%); over the distinct
+texts (each once) only real neighbours count. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -75,11 +79,20 @@ def neighbours_kept(reference: np.ndarray, other: np.ndarray, k: int = 10) -> fl
     return float(np.mean([len(set(x) & set(y)) / k for x, y in zip(a, b, strict=True)]))
 
 
+def distinct(texts: list[str]) -> list[int]:
+    """The index of each text's first occurrence, in order (each distinct text once)."""
+    first: dict[str, int] = {}
+    for i, text in enumerate(texts):
+        first.setdefault(text, i)
+    return list(first.values())
+
+
 def measure(n: int, budget_s: float) -> list[dict[str, Any]]:
     from service.engine.loading import load_engine
     from service.settings import Settings
 
     texts = short_inputs(n)
+    once = distinct(texts)
     rows, reference = [], None
     for backend, dtype in BACKENDS:
         engine = load_engine(Settings(backend=backend, dtype=dtype))  # type: ignore[arg-type]
@@ -101,6 +114,7 @@ def measure(n: int, budget_s: float) -> list[dict[str, Any]]:
                 "cosine_min": round(float(cos.min()), 5),
                 "cosine_mean": round(float(cos.mean()), 5),
                 "top10_kept": round(neighbours_kept(reference, vectors), 4),
+                "top10_kept_distinct": round(neighbours_kept(reference[once], vectors[once]), 4),
             }
         )
         print(json.dumps(rows[-1]), flush=True)
@@ -111,17 +125,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     base = next(r for r in rows if "inputs_per_s" in r)["inputs_per_s"]["32"]
     lines = [
         "| backend | batch 32, inputs/s | x torch fp32 | batch 8 | batch 1 "
-        "| cosine min / mean | top-10 kept |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| cosine min / mean | top-10 kept | top-10 kept, distinct texts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "inputs_per_s" not in r:
-            lines.append(f"| {r['backend']} {r['dtype']} | {r['skipped']} | | | | | |")
+            lines.append(f"| {r['backend']} {r['dtype']} | {r['skipped']} | | | | | | |")
             continue
         s = r["inputs_per_s"]
         lines.append(
             f"| {r['backend']} {r['dtype']} | {s['32']} | {s['32'] / base:.2f} | {s['8']} | "
-            f"{s['1']} | {r['cosine_min']} / {r['cosine_mean']} | {r['top10_kept']:.1%} |"
+            f"{s['1']} | {r['cosine_min']} / {r['cosine_mean']} | {r['top10_kept']:.1%} | "
+            f"{r['top10_kept_distinct']:.1%} |"
         )
     return "\n".join(lines)
 

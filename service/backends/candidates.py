@@ -8,7 +8,8 @@ from the engine (`Trial`: its own padded batches, its own pooling). Candidates:
 - onnxruntime float32 (CPU): exported once, cached (`service.backends.export`);
 - torch bfloat16 on a CPU with native bfloat16 (AVX512-BF16 or AMX: elsewhere torch emulates
   it, about 100x slower), and torch float16 and bfloat16 on CUDA;
-- onnxruntime int8 only when DTYPE=int8 asks for it (never chosen by `auto`).
+- onnxruntime int8 (calibrated static, `service.backends.int8`) only when DTYPE=int8 asks for
+  it (never chosen by `auto`).
 An explicit BACKEND and DTYPE serve that one candidate (measured, for /info), or torch float32
 with one log line saying why when it cannot be built (a model that does not export). With both
 `auto`, the choice is cached and a restart on the same machine reuses it without measuring
@@ -26,6 +27,7 @@ from typing import Any
 import structlog
 
 from service.backends import Backend, choice_cache
+from service.backends.int8 import CalibrationBatches
 from service.backends.packed import torch_backend
 from service.backends.ranking import (
     Candidate,
@@ -52,11 +54,13 @@ class Trial:
     """What candidates are checked and timed on: padded int64 inputs [B, L] by name, as the
     engine feeds them. `quality_inputs`: the fixed texts every candidate's output is compared
     on, by `compare(float32's output, the candidate's)`; `timing`: one batch per size timed
-    (1 to 32 inputs). An ONNX export traces `quality_inputs`."""
+    (1 to 32 inputs). An ONNX export traces `quality_inputs`. `calibration`: the padded
+    batches of the calibration texts DTYPE=int8 is calibrated on (None: no int8)."""
 
     quality_inputs: Mapping[str, Any]
     timing: Sequence[Mapping[str, Any]]
     compare: Compare
+    calibration: CalibrationBatches | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ class Choice:
         padded_because = getattr(self.backend, "padded_because", None)
         if self.backend.compute == "padded" and padded_because:
             out["padded_because"] = padded_because
+        quantization = getattr(self.backend, "quantization", None)
+        if quantization:
+            out["quantization"] = quantization
         if self.small_batches:
             out["small_batches"] = self.small_batches
         if self.note:
@@ -119,7 +126,7 @@ def choose_backend(
     cached choice's key. Logs `backend_chosen` (one line)."""
     started = time.perf_counter()
     reference = TorchBackend(pipe.model, pipe.device)
-    candidates = allowed(settings, pipe, folder, reference, trial.quality_inputs)
+    candidates = allowed(settings, pipe, folder, reference, trial.quality_inputs, trial.calibration)
     explicit = settings.backend != "auto" and settings.dtype != "auto"
     reusable = settings.backend == settings.dtype == "auto"
     cache = _cache_path(folder, what) if reusable else None
@@ -215,10 +222,15 @@ def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started
 
 
 def allowed(
-    settings: Any, pipe: Any, folder: Path | None, ref: TorchBackend, example: Mapping[str, Any]
+    settings: Any,
+    pipe: Any,
+    folder: Path | None,
+    ref: TorchBackend,
+    example: Mapping[str, Any],
+    calibration: CalibrationBatches | None = None,
 ) -> list[Candidate]:
     """What BACKEND/DTYPE allow on this device, in the order they are measured (`example`:
-    the inputs an ONNX export traces)."""
+    the inputs an ONNX export traces; `calibration`: what int8 is calibrated on)."""
     import torch
 
     from service.backends import int8, onnx_backend
@@ -228,9 +240,13 @@ def allowed(
     threads = torch.get_num_threads()
     out: list[Candidate] = []
     if dtype == "int8":
-        return [
-            Candidate("onnx", "int8", lambda: int8.backend(_graph(pipe, folder, example), threads))
-        ]
+
+        def static_int8() -> Backend:
+            if calibration is None:
+                raise ValueError("no calibration texts for int8")
+            return int8.backend(_graph(pipe, folder, example), threads, calibration)
+
+        return [Candidate("onnx", "int8", static_int8)]
     if backend in ("auto", "torch") and dtype in ("auto", "float32"):
         out.append(Candidate("torch", "float32", lambda: _packed_or(ref, pipe.model, cuda)))
     if backend in ("auto", "onnx") and dtype in ("auto", "float32") and not cuda:

@@ -1,42 +1,116 @@
-"""DTYPE=int8: onnxruntime's dynamic int8 quantization of the float32 graph, per channel.
+"""DTYPE=int8: onnxruntime's calibrated static int8 (QDQ) of the float32 graph, SmoothQuant first.
 
-Weights of every MatMul become int8 with one scale per output channel; activations are
-quantized per batch (`onnxruntime.quantization.quantize_dynamic`). Opt-in only: `auto` never
-serves it, its measured quality is in /info and docs/backends.md. The quantized graph is
-cached beside the float32 one (the same key) when that folder is writable, else in the cache.
+The recipe (`RECIPE`; docs/backends.md gives what each option tried measured):
+- calibration: the engine's own padded batches of the calibration texts (CALIBRATION_FILE, else
+  the packaged set that also calibrates int8/uint8 embeddings; `service.engine.quantization`),
+  32 texts a batch, length-sorted;
+- SmoothQuant (Xiao et al. 2023, eq. 4, alpha 0.5): for each quantized MatMul input X and the
+  weights W [C_in, C_out] that read it, s_j = max|X_j|^a / max_k|W_jk|^(1-a) over the
+  calibration's real tokens; a Mul by 1/s is inserted on X and W's rows are scaled by s, so the
+  float graph computes the same and the activations' outlier channels move into the weights;
+- `quantize_static`, QDQ, MinMax ranges: activations uint8 per tensor (asymmetric), weights
+  int8 per output channel, every MatMul output left float (onnxruntime fuses each into
+  MatMulIntegerToFloat: quantized outputs cost a cosine of 0.93);
+- which MatMuls: those with constant weights that do not narrow (C_in <= C_out: query, key,
+  value, attention output, feed-forward input); those that narrow (the feed-forward output
+  projection, whose GELU input has per-token outliers, and classifier heads), the attention's
+  score products, Softmax, LayerNorm and GELU stay float.
+Opt-in only: `auto` never serves it; its quality is measured at start (/info's candidate row)
+and `quantization` in /info names the recipe. The graph is cached beside the float32 one, its
+name keyed by the recipe, the calibration texts' digest and onnxruntime's version; a read-only
+model folder's goes to the cache folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from service.backends.export import cache_root, publish
 from service.backends.onnx_backend import OnnxBackend
 
-INT8_NAME = "model.int8.onnx"
+FORMAT = 1  # bumped when what the recipe does changes
+RECIPE: Mapping[str, Any] = {
+    "method": "static QDQ (onnxruntime quantize_static)",
+    "calibration": "MinMax",
+    "smooth_quant_alpha": 0.5,
+    "activations": "uint8, per tensor",
+    "weights": "int8, per output channel",
+    "quantized": "MatMuls with constant weights that do not narrow (C_in <= C_out)",
+    "float": "narrowing MatMuls (feed-forward output, heads), attention scores, MatMul outputs",
+    "format": FORMAT,
+}
 
 
-def quantized(graph: Path) -> Path:
+@dataclass(frozen=True)
+class CalibrationBatches:
+    """The texts the graph is calibrated on: their SHA-256 (part of the cache key) and a
+    callable giving their padded int64 batches ({input name: [B, L]}), as the engine feeds."""
+
+    sha256: str
+    batches: Callable[[], Iterable[Mapping[str, Any]]]
+
+
+class CalibrationReader:
+    """onnxruntime's `CalibrationDataReader` over `batches`: each as numpy int64, only the
+    inputs the graph takes (`names`; a missing `token_type_ids` as zeros), then None."""
+
+    def __init__(self, batches: Iterable[Mapping[str, Any]], names: list[str]) -> None:
+        self._batches = (_feed(batch, names) for batch in batches)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return iter(self.get_next, None)
+
+
+def _feed(batch: Mapping[str, Any], names: list[str]) -> dict[str, np.ndarray]:
+    def array(x: Any) -> np.ndarray:
+        return np.asarray(x.numpy() if hasattr(x, "numpy") else x, dtype=np.int64)
+
+    ids = array(batch["input_ids"])
+    return {n: array(batch[n]) if n in batch else np.zeros_like(ids) for n in names}
+
+
+def cache_name(calibration: CalibrationBatches) -> str:
+    """`model.int8-<key>.onnx`: the key a SHA-256 of the recipe, the calibration texts' digest
+    and onnxruntime's version (first 16 hex digits)."""
+    import onnxruntime
+
+    text = json.dumps([RECIPE, calibration.sha256, onnxruntime.__version__], sort_keys=True)
+    return f"model.int8-{hashlib.sha256(text.encode()).hexdigest()[:16]}.onnx"
+
+
+def quantized(graph: Path, calibration: CalibrationBatches) -> Path:
     """The int8 graph made from the float32 `graph` (made now unless cached)."""
-    target = graph.with_name(INT8_NAME)
+    target = graph.with_name(cache_name(calibration))
     if not os.access(graph.parent, os.W_OK):  # the image's read-only model folder
-        import hashlib
-
         key = hashlib.sha256(str(graph.resolve()).encode()).hexdigest()[:24]
-        target = cache_root() / f"int8-{key}" / INT8_NAME
+        target = cache_root() / f"int8-{key}" / target.name
     if target.is_file() and target.stat().st_mtime >= graph.stat().st_mtime:
         return target
-    quantize(graph, target)
+    quantize(graph, target, calibration)
     return target
 
 
-def quantize(source: Path, target: Path) -> None:
-    """Dynamic int8, per channel, weights symmetric (QInt8), written atomically to `target`."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def quantize(source: Path, target: Path, calibration: CalibrationBatches) -> None:
+    """`RECIPE` applied to `source`, written atomically to `target`."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
+    model = onnx.load(str(source))
+    names = [i.name for i in model.graph.input]
+    nodes = smooth(model, list(calibration.batches()), names, float(RECIPE["smooth_quant_alpha"]))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=target.parent)
     os.close(fd)
@@ -46,12 +120,18 @@ def quantize(source: Path, target: Path) -> None:
     # every call (start only, inference thread): not a line for the service's log.
     root.setLevel(logging.ERROR)
     try:
-        quantize_dynamic(
-            source,
+        quantize_static(
+            model,
             tmp,
-            per_channel=True,
-            weight_type=QuantType.QInt8,
+            CalibrationReader(calibration.batches(), names),  # type: ignore[arg-type]
+            quant_format=QuantFormat.QDQ,
             op_types_to_quantize=["MatMul"],
+            nodes_to_quantize=nodes,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul"]},
         )
         publish(tmp, target)
     finally:
@@ -59,6 +139,55 @@ def quantize(source: Path, target: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def backend(graph: Path, threads: int) -> OnnxBackend:
+def smooth(
+    model: Any, batches: list[Mapping[str, Any]], names: list[str], alpha: float
+) -> list[str]:
+    """SmoothQuant on `model` (an `onnx.ModelProto`, changed in place) for the MatMuls to
+    quantize (constant weights [C_in, C_out], C_in <= C_out); returns their names. MatMuls
+    sharing an input share its scales."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    weights = {i.name: i for i in model.graph.initializer}
+    chosen = []
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in weights:
+            shape = weights[node.input[1]].dims
+            if len(shape) == 2 and shape[0] <= shape[1]:
+                chosen.append(node)
+    inputs = sorted({n.input[0] for n in chosen})
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for name in inputs:
+        probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    amax: dict[str, np.ndarray] = {}
+    for batch in batches:
+        feed = _feed(batch, names)
+        real = feed["attention_mask"].astype(bool)
+        for name, x in zip(inputs, session.run(inputs, feed), strict=True):
+            amax[name] = np.maximum(amax.get(name, 0.0), np.abs(x[real]).max(0))
+    for name in inputs:
+        group = [n for n in chosen if n.input[0] == name]
+        arrays = [numpy_helper.to_array(weights[n.input[1]]) for n in group]
+        wmax = np.max([np.abs(w).max(1) for w in arrays], axis=0)
+        s = np.clip(amax[name] ** alpha / np.maximum(wmax, 1e-8) ** (1 - alpha), 1e-5, None)
+        for node, w in zip(group, arrays, strict=True):
+            scaled = (w * s[:, None]).astype(np.float32)
+            weights[node.input[1]].CopyFrom(numpy_helper.from_array(scaled, node.input[1]))
+        scale = numpy_helper.from_array((1 / s).astype(np.float32), f"{name}_smooth_scale")
+        model.graph.initializer.append(scale)
+        mul = helper.make_node("Mul", [name, scale.name], [f"{name}_smoothed"], f"{name}_smooth")
+        for node in group:
+            node.input[0] = mul.output[0]
+        at = next((i + 1 for i, n in enumerate(model.graph.node) if name in n.output), 0)
+        model.graph.node.insert(at, mul)
+    return [n.name for n in chosen]
+
+
+def backend(graph: Path, threads: int, calibration: CalibrationBatches) -> OnnxBackend:
     """An onnxruntime session over the int8 graph of the float32 `graph`."""
-    return OnnxBackend(quantized(graph), threads, dtype="int8")
+    served = OnnxBackend(quantized(graph, calibration), threads, dtype="int8")
+    served.quantization = dict(RECIPE)
+    return served

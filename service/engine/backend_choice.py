@@ -11,16 +11,18 @@ and the backends layer knows tensors only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from service.backends.candidates import Trial, choose_backend
+from service.backends.int8 import CalibrationBatches
 from service.backends.quality import classifier_quality, vector_quality
 from service.backends.ranking import Compare, Quality
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.pooling.pool import pool
+from service.engine.quantization import read_set
 from service.engine.types import Output
 from service.engine.warmup import sample_unit
 from service.settings import Settings
@@ -54,7 +56,7 @@ def serve_chosen_backend(
     choose, its `info` naming it with every candidate's measurements (/info's `backend`).
     `folder`: the model's weights (None: not local; no ONNX then)."""
     what = f"{engine.info.output}:{','.join(engine.info.pooling or ())}"
-    choice = choose_backend(settings, engine.pipe, folder, trial(engine), what)
+    choice = choose_backend(settings, engine.pipe, folder, trial(engine, settings), what)
     engine.backend = choice.backend
     engine.info = dataclasses.replace(
         engine.info,
@@ -66,9 +68,10 @@ def serve_chosen_backend(
     return engine
 
 
-def trial(engine: EncoderEngine) -> Trial:
+def trial(engine: EncoderEngine, settings: Settings | None = None) -> Trial:
     """The engine's padded inputs for `TEXTS` (the check) and for 1 to 32 of them (timing),
-    and the check of a candidate's output against float32's for this model's output."""
+    the check of a candidate's output against float32's for this model's output, and (with
+    `settings`) the calibration texts' batches (`calibration_batches`)."""
     prepared = [engine.prepare(sample_unit(engine.info, text)) for text in TEXTS]
     quality_inputs = engine.padded(prepared)
     timing = [engine.padded((prepared * 2)[:n]) for n in TIMING_SIZES]
@@ -79,7 +82,22 @@ def trial(engine: EncoderEngine) -> Trial:
         def compare(reference: Any, output: Any) -> Quality:
             return embedding_quality(reference, output, mask, modes)
 
-    return Trial(quality_inputs, timing, compare)
+    calibration = calibration_batches(engine, settings.calibration_file) if settings else None
+    return Trial(quality_inputs, timing, compare, calibration)
+
+
+def calibration_batches(engine: EncoderEngine, path: str | None) -> CalibrationBatches:
+    """The calibration texts (CALIBRATION_FILE, else the packaged set) as the engine feeds
+    them: prepared as traffic, length-sorted, padded batches of 32."""
+    texts = read_set(path)
+
+    def batches() -> Iterator[Mapping[str, Any]]:
+        ordered = sorted(texts.texts, key=len)
+        for start in range(0, len(ordered), 32):
+            chunk = ordered[start : start + 32]
+            yield engine.padded([engine.prepare(sample_unit(engine.info, t)) for t in chunk])
+
+    return CalibrationBatches(texts.sha256, batches)
 
 
 def sample_inputs(engine: EncoderEngine, n: int = 2) -> Mapping[str, Any]:
