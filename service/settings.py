@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     revision: str | None = None
     device: Literal["cpu", "cuda", "auto"] = "auto"
     # auto: the fastest that keeps float32's answers, checked at start (docs/backends.md).
-    # int8: onnxruntime's dynamic int8 quantization (CPU only, opt-in, never chosen by auto).
+    # int8: onnxruntime's calibrated static int8 (CPU only, opt-in, never chosen by auto).
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
     trust_remote_code: bool = False
     # How a batch is computed: auto (the fastest that keeps the answers), torch, onnx.
@@ -174,7 +174,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _int8_is_for_cpu(self) -> Settings:
         if self.dtype == "int8" and self.device == "cuda":
-            raise ValueError("DTYPE=int8 (dynamic quantization) runs on the CPU; set DEVICE=cpu")
+            raise ValueError(
+                "DTYPE=int8 (onnxruntime static quantization) runs on the CPU; set DEVICE=cpu"
+            )
         return self
 
     @model_validator(mode="after")

@@ -123,7 +123,7 @@ def quantize(source: Path, target: Path, calibration: CalibrationBatches) -> Non
         quantize_static(
             model,
             tmp,
-            CalibrationReader(calibration.batches(), names),  # type: ignore[arg-type]
+            CalibrationReader(calibration.batches(), names),
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=["MatMul"],
             nodes_to_quantize=nodes,
