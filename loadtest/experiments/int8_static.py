@@ -19,9 +19,9 @@ normalized sentence embeddings against the float32 graph's: cosine min / mean, a
 of each text's 10 nearest neighbours kept, over its distinct texts (the corpus repeats texts:
 `loadtest.experiments.backends`). Speed: inputs/s of the graph alone (onnxruntime with the
 server's session options, 2 threads; batches of 32, length-sorted, tokenized beforehand), each
-graph once per round, rounds alternated, the best round kept; beside them torch bfloat16's and
-dynamic int8's engines (`engine.prepare_many` + `engine.run`: tokenizing included) as the
-backends study times them. Prints a markdown table.
+graph once per round, rounds alternated, the best round kept; beside them the engines of torch
+bfloat16 and of the served int8 (`engine.prepare_many` + `engine.run`: tokenizing included), as
+the backends study times them. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -240,10 +240,10 @@ def measure(n: int, rounds: int, work: Path) -> list[dict[str, Any]]:
     work.mkdir(parents=True, exist_ok=True)
     pre = work / "float32.pre.onnx"
     quant_pre_process(str(float32), str(pre), skip_symbolic_shape=True)
-    graphs = {"onnxruntime float32": float32, "dynamic int8 (served)": work / "dynamic.onnx"}
+    graphs = {"onnxruntime float32": float32, "dynamic int8 (graph)": work / "dynamic.onnx"}
     quantize_dynamic(
         str(float32),
-        str(graphs["dynamic int8 (served)"]),
+        str(graphs["dynamic int8 (graph)"]),
         per_channel=True,
         weight_type=QuantType.QInt8,
         op_types_to_quantize=["MatMul"],
@@ -255,7 +255,7 @@ def measure(n: int, rounds: int, work: Path) -> list[dict[str, Any]]:
     once = distinct(texts)
     engines = {
         "torch bfloat16 (engine)": load_engine(Settings(backend="torch", dtype="bfloat16")),
-        "dynamic int8 (engine)": load_engine(Settings(backend="onnx", dtype="int8")),
+        "static int8, served (engine)": load_engine(Settings(backend="onnx", dtype="int8")),
     }
     speeds: dict[str, list[float]] = {name: [] for name in [*engines, *graphs]}
     vectors: dict[str, np.ndarray] = {}
