@@ -21,7 +21,7 @@ from loadtest import corpus, proc, servers
 from loadtest.bench import parse_args
 from loadtest.experiments import burst, cpu_split, memory, pyspy, zero_shot
 from loadtest.experiments.bench import WORKLOADS as STUDIES
-from loadtest.workloads import WORKLOADS, short_inputs, storm, storm_kinds
+from loadtest.workloads import WORKLOADS, bulk, short_inputs, storm, storm_kinds
 
 
 def test_short_inputs_are_8_to_100_tokens_about_42_mean(embedded_model: Path) -> None:
@@ -199,7 +199,7 @@ def test_storm_input_is_three_sentences() -> None:
 
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
-    assert list(WORKLOADS) == ["mixed", "short_inputs", "storm"]
+    assert list(WORKLOADS) == ["mixed", "short_inputs", "storm", "bulk"]
     assert list(STUDIES) == ["cpu", "profile", "burst", "memory", "zero_shot", "pooled"]
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
     assert args.only == ["storm", "short_inputs"] and args.storm_rounds == 2
@@ -453,3 +453,34 @@ def test_storm_goodput_is_judged_against_the_capacity_before_and_after() -> None
     assert judged["goodput_over_capacity"] == 0.9
     assert judged["capacity"] == {"ok_per_s": 80.0}
     assert judged["capacity_after"] == {"ok_per_s": 120.0}
+
+
+def test_bulk_reads_the_batches_make_up_and_the_medians_of_rounds() -> None:
+    batches = [
+        {"size": 10, "bulk": 9, "inference_ms": 12.0},  # one interactive input beside 9 bulk
+        {"size": 2, "bulk": 0, "inference_ms": 3.0},
+        {"size": 32, "bulk": 32, "inference_ms": 40.0},
+        {"size": 16, "bulk": 16, "inference_ms": 20.0},
+    ]
+    mix = bulk.batch_mix(batches)
+    assert mix["batches"] == 4 and mix["with_interactive"] == 2 and mix["bulk_inputs"] == 57
+    assert mix["bulk_beside_interactive_mean"] == 4.5 and mix["bulk_beside_interactive_max"] == 9
+    assert mix["interactive_batch_ms_p50"] == 7.5 and mix["bulk_batch_ms_max"] == 40.0
+    assert mix["bulk_batch_size_p50"] == 24.0
+
+    def point(chunk: int, p99: float, **more: float) -> dict[str, Any]:
+        base = {"chunk": chunk, "p50_ms": 10.0, "p95_ms": 15.0, "p99_ms": p99, "non_200": 0}
+        return {**base, **more}
+
+    rounds = [
+        point(0, 20.0),
+        point(1000, 50.0, bulk_inputs_per_s=300.0, indexer_non_200=1),
+        point(0, 30.0),
+        point(1000, 70.0, bulk_inputs_per_s=400.0, indexer_non_200=0),
+    ]
+    s = bulk.summarize(rounds, [1000])
+    assert s["alone"]["p99_ms"] == 25.0
+    assert s["1000"]["p99_ms"] == 60.0 and s["1000"]["p99_ratio"] == 2.4
+    assert s["1000"]["bulk_inputs_per_s"] == 350.0 and s["1000"]["indexer_non_200"] == 1
+    args = parse_args(["--only", "bulk", "--quick", "--bulk-chunks", "1000,2048"])
+    assert args.bulk_seconds == 10.0 and args.bulk_rounds == 2 and args.bulk_chunks == [1000, 2048]

@@ -108,6 +108,7 @@ class BatchRunner:
         metrics.INPUTS.labels("answered").inc(len(live))
         fields = {
             "size": len(live),
+            "bulk": sum(1 for i in live if i.bulk),  # inputs of bulk requests among them
             "tokens": sum(tokens),
             "padded_tokens": padded,
             "computed_tokens": computed,
