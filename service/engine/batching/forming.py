@@ -17,7 +17,12 @@ import structlog
 from service import metrics
 from service.engine.batching import parts
 from service.engine.batching.cost import ServiceTimeEstimate
-from service.engine.batching.policy import next_batch, next_must
+from service.engine.batching.policy import (
+    INTERACTIVE_RECENT_S,
+    bulk_slice_tokens,
+    next_batch,
+    next_must,
+)
 from service.engine.batching.queue import Item, WorkQueue
 from service.engine.batching.running import LastBatch
 from service.engine.jobs import NO_FORWARD
@@ -42,6 +47,7 @@ class BatchFormer:
         self.estimate = estimate
         self.pool: list[Item] = []  # prepared, in arrival order
         self.packed = False  # the forward computes real tokens only (`ModelInfo.compute`)
+        self.interactive_at = float("-inf")  # when an interactive input last arrived (monotonic)
 
     def admit(self, engine: Engine, items: list[Item]) -> None:
         """Drop the cancelled and expired, tokenize the rest (exact length checks; one
@@ -52,6 +58,8 @@ class BatchFormer:
         gone: list[Item] = []
         for item in items:
             (gone if item.dropped() else live).append(item)
+        if any(not item.bulk for item in live):
+            self.interactive_at = time.monotonic()
         units = [item.unit for item in live]
         try:
             prepared = engine.prepare_many(units) if units else []
@@ -153,13 +161,23 @@ class BatchFormer:
         """The next batch from the pool (`service.engine.batching.policy`: padding-aware, or
         the oldest when the forward is packed), with any input passed over MAX_PASSES times or
         whose deadline is within 4 x `last_s`, and while bulk inputs wait, the oldest
-        interactive one (`next_must`). Units of every op and parameter set share batches:
+        interactive one (`next_must`); while interactive traffic is recent, at most a slice of
+        bulk inputs (`policy.bulk_slice`). Units of every op and parameter set share batches:
         parameters only change each unit's own tokenization and answer, never the forward."""
+        now = time.monotonic()
+        sliced = None
+        if now - self.interactive_at < INTERACTIVE_RECENT_S:
+            sliced = bulk_slice_tokens(
+                sec_per_token=self.estimate.sec_per_token,
+                overhead_tokens=self.estimate.overhead_tokens,
+            )
         candidates, must = next_must(
             self.pool,
-            now=time.monotonic(),
+            now=now,
             urgent_s=4 * last_s,
             max_size=self.settings.max_batch_size,
+            bulk_tokens=sliced,
+            packed=self.packed,
         )
         picked = next_batch(
             [i.tokens for i in candidates],

@@ -32,6 +32,16 @@ the next batch (a forced interactive input first), so a one-input request waits 
 batch, not for the 2,048 inputs queued before it; the batch holding it is filled with bulk
 inputs. Only the first BULK_WINDOW batches' worth of bulk inputs (in arrival order) are
 candidates: choosing among them stays cheap.
+
+A batch cannot be interrupted, so an interactive input arriving while a full batch of bulk
+inputs runs would wait for all of it, then run beside more of them. So while interactive
+traffic is recent (an interactive input arrived within INTERACTIVE_RECENT_S), the bulk inputs
+of any batch are a slice (`bulk_slice`): the oldest ones whose computed tokens fit a budget
+that takes about BULK_SLICE_S by the batch cost model (`bulk_slice_tokens`), never less than
+the model's overhead (so a slice keeps at least half of a batch's efficiency by that model) and
+never less than one input. An interactive arrival then waits for at most one slice before its
+batch, which holds at most one slice of bulk inputs. Once interactive traffic stops, bulk
+batches are full again.
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ from typing import Protocol, TypeVar
 
 MAX_PASSES = 4
 BULK_WINDOW = 4  # bulk candidates: this many batches' worth (MAX_BATCH_SIZE each)
+BULK_SLICE_S = 0.010  # a batch's bulk inputs take about this long while interactive is recent
+INTERACTIVE_RECENT_S = 1.0  # interactive traffic is recent: one arrived within this long
 
 
 class Waiting(Protocol):
@@ -48,6 +60,8 @@ class Waiting(Protocol):
 
     @property
     def bulk(self) -> bool: ...
+    @property
+    def tokens(self) -> int: ...
     @property
     def enqueued_at(self) -> float: ...
     @property
@@ -60,15 +74,24 @@ W = TypeVar("W", bound=Waiting)
 
 
 def next_must(
-    pool: Sequence[W], *, now: float, urgent_s: float, max_size: int
+    pool: Sequence[W],
+    *,
+    now: float,
+    urgent_s: float,
+    max_size: int,
+    bulk_tokens: int | None = None,
+    packed: bool = True,
 ) -> tuple[list[W], W | None]:
     """The candidates for the next batch (every interactive input, the first
-    `BULK_WINDOW x max_size` bulk ones in `pool`'s order) and the input it must hold, or None:
+    `BULK_WINDOW x max_size` bulk ones in `pool`'s order, or only the slice of them that fits
+    `bulk_tokens` computed tokens when given: `bulk_slice`) and the input it must hold, or None:
     a forced interactive input (passed over MAX_PASSES times, or due within `urgent_s` of
     `now`; the earliest deadline, then the oldest), else while bulk inputs wait the oldest
-    interactive input, else a forced bulk input."""
+    interactive input, else a forced bulk input among the candidates."""
     interactive = [i for i in pool if not i.bulk]
     bulk = [i for i in pool if i.bulk][: BULK_WINDOW * max_size]
+    if bulk_tokens is not None:
+        bulk = bulk_slice(bulk, bulk_tokens, packed=packed)
 
     def forced(items: list[W]) -> W | None:
         due = [i for i in items if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s]
@@ -80,6 +103,29 @@ def next_must(
     if must is None:
         must = forced(bulk)
     return interactive + bulk, must
+
+
+def bulk_slice_tokens(*, sec_per_token: float, overhead_tokens: float) -> int:
+    """The computed tokens of a bulk slice: those a batch computes in BULK_SLICE_S besides its
+    fixed cost, by the batch cost model `sec_per_token x (overhead_tokens + tokens)`
+    (`service.engine.batching.cost`), and at least `overhead_tokens` (half the slice's time
+    then goes to tokens)."""
+    fits = BULK_SLICE_S / max(sec_per_token, 1e-12) - overhead_tokens
+    return round(max(fits, overhead_tokens))
+
+
+def bulk_slice(bulk: Sequence[W], budget: int, *, packed: bool) -> list[W]:
+    """The longest prefix of `bulk` (in its order) whose computed tokens (`computed_tokens`:
+    their sum when `packed`, else their number x the longest) are at most `budget`; at least
+    the first input, whatever its length."""
+    out: list[W] = []
+    total = longest = 0
+    for item in bulk:
+        total, longest = total + item.tokens, max(longest, item.tokens)
+        if out and (total if packed else (len(out) + 1) * longest) > budget:
+            break
+        out.append(item)
+    return out
 
 
 def partition(

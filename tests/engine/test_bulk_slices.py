@@ -1,0 +1,103 @@
+"""While interactive traffic is recent, a batch's bulk inputs are a slice (`policy.bulk_slice`):
+the batcher itself (`BatchFormer`), its clock frozen, on 1,000 bulk inputs and one interactive
+input at a time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from service.engine.batching.cost import ServiceTimeEstimate
+from service.engine.batching.forming import BatchFormer
+from service.engine.batching.policy import INTERACTIVE_RECENT_S
+from service.engine.batching.queue import Item, WorkQueue
+from service.engine.batching.running import LastBatch
+from service.engine.jobs import Op, Unit
+from service.engine.types import Prepared
+from service.settings import Settings
+
+
+class LengthEngine:
+    """Tokenizes nothing: a unit of text "n ..." is an n-token input (the pool without a model)."""
+
+    def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        return [Prepared(unit=u, n_tokens=int(str(u.text).split()[0])) for u in units]
+
+
+class Clock:
+    """`time.monotonic` for the batcher, moved by hand (starts at the real clock's reading)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    frozen = Clock()
+    monkeypatch.setattr("service.engine.batching.forming.time.monotonic", frozen)
+    return frozen
+
+
+@pytest.fixture
+def queued() -> Iterator[list[Item]]:
+    """The items a test queues; their futures are settled at the end (occupancy gauges)."""
+    made: list[Item] = []
+    yield made
+    for item in made:
+        if not item.future.done():
+            item.future.set_result(None)
+
+
+def pool(packed: bool) -> tuple[BatchFormer, Any]:
+    """A batcher whose batches cost 10 us a token plus 50 tokens: a 10 ms slice is 950 tokens."""
+    estimate = ServiceTimeEstimate(max_batch_size=32, overhead_tokens=50.0, sec_per_token=1e-5)
+    settings = Settings(max_batch_size=32, max_queue_size=64)
+    former = BatchFormer(settings, WorkQueue(64, 2048), estimate)
+    former.packed = packed
+    return former, LengthEngine()
+
+
+def offer(former: BatchFormer, texts: list[str], made: list[Item]) -> list[Item]:
+    """One request of `texts`, queued (bulk when more than 64)."""
+    items = [Item(unit=Unit(op=Op.EMBED, text=t), deadline=time.monotonic() + 600) for t in texts]
+    made += items
+    former.queue.offer(items, former.estimate)
+    return items
+
+
+def batch(former: BatchFormer, engine: Any) -> list[Item]:
+    former.admit(engine, former.queue.take_new(0))
+    return former.next_batch(engine, LastBatch())
+
+
+def test_bulk_runs_in_slices_while_interactive_traffic_is_recent(
+    clock: Clock, queued: list[Item]
+) -> None:
+    former, engine = pool(packed=True)
+    bulk = offer(former, ["100 passage"] * 1000, queued)
+    assert all(i.bulk for i in bulk)
+    assert batch(former, engine) == bulk[:32]  # no interactive traffic: full batches
+    one = offer(former, ["40 query"], queued)
+    assert batch(former, engine) == [*bulk[32:41], *one]  # 9 x 100 tokens fit 950, 10 do not
+    clock.now += INTERACTIVE_RECENT_S / 2
+    assert batch(former, engine) == bulk[41:50]  # recent still: the next arrival waits 1 slice
+    clock.now += INTERACTIVE_RECENT_S / 2 + 0.01
+    assert batch(former, engine) == bulk[50:82]  # quiet for a while: full batches again
+
+
+def test_padded_slices_count_their_padding(clock: Clock, queued: list[Item]) -> None:
+    """Padded: a slice computes its number of inputs x the longest, so one long bulk input
+    shortens it; the interactive input runs with the bulk run around its length."""
+    former, engine = pool(packed=False)
+    bulk = offer(former, ["50 a"] * 4 + ["400 long"] + ["50 b"] * 995, queued)
+    one = offer(former, ["60 query"], queued)
+    got = batch(former, engine)
+    assert got == [*bulk[:4], *one]  # 5 x 400 = 2,000 > 950: the slice ends before the long one
+    assert batch(former, engine) == [bulk[4]]  # the long one alone: 400 tokens
+    assert batch(former, engine) == bulk[5:24]  # 19 x 50 = 950
