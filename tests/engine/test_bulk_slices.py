@@ -1,6 +1,6 @@
-"""While interactive traffic is recent, a batch's bulk inputs are a slice (`policy.bulk_slice`):
-the batcher itself (`BatchFormer`), its clock frozen, on 1,000 bulk inputs and one interactive
-input at a time."""
+"""While interactive traffic is recent, a batch's bulk inputs are a slice (`policy.bulk_slice`),
+and bulk inputs are tokenized a batch's worth at a time (`backlog`): the batcher itself
+(`BatchFormer`), its clock frozen, on 1,000 bulk inputs and one interactive input at a time."""
 
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ from service.settings import Settings
 
 
 class LengthEngine:
-    """Tokenizes nothing: a unit of text "n ..." is an n-token input (the pool without a model)."""
+    """Tokenizes nothing: a unit of text "n ..." is an n-token input (the pool without a model);
+    `calls` holds the inputs each `prepare_many` call got."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
 
     def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
+        self.calls.append(len(units))
         return [Prepared(unit=u, n_tokens=int(str(u.text).split()[0])) for u in units]
 
 
@@ -101,3 +106,34 @@ def test_padded_slices_count_their_padding(clock: Clock, queued: list[Item]) -> 
     assert got == [*bulk[:4], *one]  # 5 x 400 = 2,000 > 950: the slice ends before the long one
     assert batch(former, engine) == [bulk[4]]  # the long one alone: 400 tokens
     assert batch(former, engine) == bulk[5:24]  # 19 x 50 = 950
+
+
+def test_bulk_inputs_are_tokenized_a_batchs_worth_a_step_up_to_the_window(
+    clock: Clock, queued: list[Item]
+) -> None:
+    """1,000 bulk inputs: each step tokenizes at most 32 of them (with whatever interactive
+    input arrived) while the pool holds fewer than 4 x 32; inputs whose request left are
+    dropped untokenized; a shutdown answers the backlog too."""
+    former, engine = pool(packed=True)
+    bulk = offer(former, ["100 passage"] * 1000, queued)
+    former.admit(engine, former.queue.take_new(0))
+    assert engine.calls == [32] and len(former.pool) == 32 and len(former.backlog) == 968
+    offer(former, ["40 query"], queued)
+    former.admit(engine, former.queue.take_new(0))
+    assert engine.calls[-1] == 33  # the query, and the next 32
+    for _ in range(3):
+        former.admit(engine, [])
+    assert engine.calls == [32, 33, 32, 32]  # the third: the pool holds 4 x 32 already
+    assert sum(1 for i in former.pool if i.bulk) == 128 and len(former.backlog) == 872
+    assert former.queue.depth == 1001 and former.queue.bulk_depth == 1000
+    former.take(former.pool[:32])  # a batch of the first 32
+    for item in bulk[128:192]:
+        item.future.cancel()  # the client left: what is held is dropped, never tokenized
+    former.admit(engine, [])
+    former.admit(engine, [])
+    assert engine.calls == [32, 33, 32, 32] and former.queue.bulk_depth == 1000 - 32 - 64
+    former.admit(engine, [])
+    assert engine.calls[-1] == 32 and former.pool[-1] is bulk[223]
+    former.fail_all(lambda: RuntimeError("shutting down"))
+    assert former.queue.depth == 0 and not former.waiting
+    assert isinstance(bulk[-1].future.exception(0), RuntimeError)

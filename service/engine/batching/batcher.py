@@ -153,7 +153,7 @@ class Batcher:
     def _step(self, engine: Engine) -> None:
         self.heartbeat = time.monotonic()
         forming = self.forming
-        forming.admit(engine, self.queue.take_new(0 if forming.pool else _IDLE_WAKE_S))
+        forming.admit(engine, self.queue.take_new(0 if forming.waiting else _IDLE_WAKE_S))
         if self.drain_deadline is not None and time.monotonic() >= self.drain_deadline:
             forming.fail_pool(lambda: Draining("drain time is over", retry_after_s=5))
             return

@@ -16,8 +16,10 @@ import structlog
 
 from service import metrics
 from service.engine.batching import parts
+from service.engine.batching.backlog import Backlog
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.policy import (
+    BULK_WINDOW,
     INTERACTIVE_RECENT_S,
     bulk_slice_tokens,
     next_batch,
@@ -46,20 +48,30 @@ class BatchFormer:
         self.queue = queue
         self.estimate = estimate
         self.pool: list[Item] = []  # prepared, in arrival order
+        self.backlog = Backlog()  # bulk inputs not tokenized yet (`backlog`)
         self.packed = False  # the forward computes real tokens only (`ModelInfo.compute`)
         self.interactive_at = float("-inf")  # when an interactive input last arrived (monotonic)
+
+    @property
+    def waiting(self) -> bool:
+        """Inputs wait for a batch: pooled, or bulk ones held untokenized."""
+        return bool(self.pool) or bool(self.backlog)
 
     def admit(self, engine: Engine, items: list[Item]) -> None:
         """Drop the cancelled and expired, tokenize the rest (exact length checks; one
         `prepare_many` call for all that arrived) into the pool; tokenize and decode are
         answered here (no forward); an input made into parts (a long input's windows) enters
-        as its parts (`service.engine.batching.parts`)."""
+        as its parts (`service.engine.batching.parts`). Bulk inputs wait in the backlog and
+        join at most one batch's worth a call (`service.engine.batching.backlog`)."""
+        if any(not item.bulk for item in items):
+            self.interactive_at = time.monotonic()
+        size = self.settings.max_batch_size
+        pooled = sum(1 for i in self.pool if i.bulk)
+        items = self.backlog.hold(items) + self.backlog.next(pooled, BULK_WINDOW * size, size)
         live: list[Item] = []
         gone: list[Item] = []
         for item in items:
             (gone if item.dropped() else live).append(item)
-        if any(not item.bulk for item in live):
-            self.interactive_at = time.monotonic()
         units = [item.unit for item in live]
         try:
             prepared = engine.prepare_many(units) if units else []
@@ -92,6 +104,8 @@ class BatchFormer:
 
     def next_batch(self, engine: Engine, last: LastBatch) -> list[Item]:
         """The inputs to run now, taken out of the pool (empty when none is left to run)."""
+        if not self.pool:
+            self.admit(engine, [])  # bulk inputs from the backlog, if any
         if not self.pool:
             return []
         self.await_answered_clients(engine, last)
@@ -213,13 +227,13 @@ class BatchFormer:
         self.queue.release(batch)
 
     def fail_pool(self, error: Callable[[], BaseException]) -> None:
-        """Answer every pooled input with a new `error()`."""
-        pool, self.pool = self.pool, []
+        """Answer every pooled input, and every one in the backlog, with a new `error()`."""
+        pool, self.pool = self.pool + self.backlog.drain(), []
         for item in pool:
             item.fail(error())
         self.queue.release(pool)
 
     def fail_all(self, error: Callable[[], BaseException]) -> None:
-        """Answer the pool and everything still queued (not yet tokenized) alike."""
+        """Answer the pool, the backlog and everything still queued alike."""
         self.pool.extend(self.queue.take_new(0))
         self.fail_pool(error)
