@@ -59,10 +59,10 @@ def queued() -> Iterator[list[Item]]:
             item.future.set_result(None)
 
 
-def pool(packed: bool) -> tuple[BatchFormer, Any]:
+def pool(packed: bool, slice_ms: float = 10.0) -> tuple[BatchFormer, Any]:
     """A batcher whose batches cost 10 us a token plus 50 tokens: a 10 ms slice is 950 tokens."""
     estimate = ServiceTimeEstimate(max_batch_size=32, overhead_tokens=50.0, sec_per_token=1e-5)
-    settings = Settings(max_batch_size=32, max_queue_size=64)
+    settings = Settings(max_batch_size=32, max_queue_size=64, bulk_slice_ms=slice_ms)
     former = BatchFormer(settings, WorkQueue(64, 2048), estimate)
     former.packed = packed
     return former, LengthEngine()
@@ -94,6 +94,15 @@ def test_bulk_runs_in_slices_while_interactive_traffic_is_recent(
     assert batch(former, engine) == bulk[41:50]  # recent still: the next arrival waits 1 slice
     clock.now += INTERACTIVE_RECENT_S / 2 + 0.01
     assert batch(former, engine) == bulk[50:82]  # quiet for a while: full batches again
+
+
+def test_bulk_slice_ms_0_keeps_bulk_batches_full(clock: Clock, queued: list[Item]) -> None:
+    assert Settings().bulk_slice_ms == 10.0
+    former, engine = pool(packed=True, slice_ms=0)
+    bulk = offer(former, ["100 passage"] * 1000, queued)
+    batch(former, engine)
+    one = offer(former, ["40 query"], queued)
+    assert batch(former, engine) == [*bulk[32:63], *one]  # the oldest interactive, 31 bulk
 
 
 def test_padded_slices_count_their_padding(clock: Clock, queued: list[Item]) -> None:

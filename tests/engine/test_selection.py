@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import pytest
 
 from service.engine.batching.policy import (
-    BULK_SLICE_S,
     BULK_WINDOW,
     MAX_PASSES,
     best_run,
@@ -264,13 +263,12 @@ def test_a_bulk_slice_takes_the_oldest_inputs_that_fit_its_computed_tokens() -> 
     assert bulk_slice([], 10, packed=True) == []
 
 
-def test_a_bulk_slice_takes_the_slice_time_by_the_cost_model_but_at_least_the_overhead() -> None:
+def test_a_bulk_slice_takes_the_slice_time_by_the_cost_model() -> None:
     # 10 ms at 10 us a token, less a 50-token fixed cost: 950 tokens.
-    assert BULK_SLICE_S == 0.010
-    assert bulk_slice_tokens(sec_per_token=1e-5, overhead_tokens=50) == 950
-    # A machine 100x slower: 10 ms buys nothing past the fixed cost; the slice keeps the
-    # overhead's worth of tokens (half its batch's time computes tokens).
-    assert bulk_slice_tokens(sec_per_token=1e-3, overhead_tokens=64) == 64
+    assert bulk_slice_tokens(slice_s=0.010, sec_per_token=1e-5, overhead_tokens=50) == 950
+    # A machine 100x slower: 10 ms buys nothing past the fixed cost (a slice of one input).
+    assert bulk_slice_tokens(slice_s=0.010, sec_per_token=1e-3, overhead_tokens=64) == 0
+    assert bulk_slice_tokens(slice_s=0.050, sec_per_token=1e-4, overhead_tokens=64) == 436
 
 
 def test_with_a_slice_an_interactive_input_runs_beside_at_most_that_many_bulk_tokens() -> None:

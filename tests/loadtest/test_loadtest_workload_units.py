@@ -468,19 +468,29 @@ def test_bulk_reads_the_batches_make_up_and_the_medians_of_rounds() -> None:
     assert mix["interactive_batch_ms_p50"] == 7.5 and mix["bulk_batch_ms_max"] == 40.0
     assert mix["bulk_batch_size_p50"] == 24.0
 
-    def point(chunk: int, p99: float, **more: float) -> dict[str, Any]:
+    def point(chunk: int, p99: float, **more: Any) -> dict[str, Any]:
         base = {"chunk": chunk, "p50_ms": 10.0, "p95_ms": 15.0, "p99_ms": p99, "non_200": 0}
-        return {**base, **more}
+        return {**base, "round": 1, "max_ms": p99, "batches": bulk.batch_mix(batches), **more}
 
+    nan = float("nan")
     rounds = [
         point(0, 20.0),
         point(1000, 50.0, bulk_inputs_per_s=300.0, indexer_non_200=1),
+        point(1000, nan, bulk_inputs_per_s=500.0, indexer_non_200=0, interactive=False),
         point(0, 30.0),
         point(1000, 70.0, bulk_inputs_per_s=400.0, indexer_non_200=0),
+        point(1000, nan, bulk_inputs_per_s=540.0, indexer_non_200=2, interactive=False),
     ]
     s = bulk.summarize(rounds, [1000])
     assert s["alone"]["p99_ms"] == 25.0
     assert s["1000"]["p99_ms"] == 60.0 and s["1000"]["p99_ratio"] == 2.4
-    assert s["1000"]["bulk_inputs_per_s"] == 350.0 and s["1000"]["indexer_non_200"] == 1
+    assert s["1000"]["bulk_inputs_per_s"] == 350.0 and s["1000"]["bulk_alone_inputs_per_s"] == 520
+    assert s["1000"]["indexer_non_200"] == 3
+    assert "**2.40x** alone" in bulk.table({**_bulk_result(), "rounds": rounds, "summary": s})
     args = parse_args(["--only", "bulk", "--quick", "--bulk-chunks", "1000,2048"])
     assert args.bulk_seconds == 10.0 and args.bulk_rounds == 2 and args.bulk_chunks == [1000, 2048]
+
+
+def _bulk_result() -> dict[str, Any]:
+    """The head of a bulk result, as ``bulk.run`` writes it."""
+    return {"model": "m", "backend": "torch", "clients": 4, "rate_per_s": 20.0, "seconds": 1.0}

@@ -180,8 +180,10 @@ class BatchFormer:
         parameters only change each unit's own tokenization and answer, never the forward."""
         now = time.monotonic()
         sliced = None
-        if now - self.interactive_at < INTERACTIVE_RECENT_S:
+        slice_s = self.settings.bulk_slice_ms / 1000
+        if slice_s and now - self.interactive_at < INTERACTIVE_RECENT_S:
             sliced = bulk_slice_tokens(
+                slice_s=slice_s,
                 sec_per_token=self.estimate.sec_per_token,
                 overhead_tokens=self.estimate.overhead_tokens,
             )

@@ -37,11 +37,10 @@ A batch cannot be interrupted, so an interactive input arriving while a full bat
 inputs runs would wait for all of it, then run beside more of them. So while interactive
 traffic is recent (an interactive input arrived within INTERACTIVE_RECENT_S), the bulk inputs
 of any batch are a slice (`bulk_slice`): the oldest ones whose computed tokens fit a budget
-that takes about BULK_SLICE_S by the batch cost model (`bulk_slice_tokens`), never less than
-the model's overhead (so a slice keeps at least half of a batch's efficiency by that model) and
-never less than one input. An interactive arrival then waits for at most one slice before its
-batch, which holds at most one slice of bulk inputs. Once interactive traffic stops, bulk
-batches are full again.
+that takes about BULK_SLICE_MS (10 ms by default) by the batch cost model
+(`bulk_slice_tokens`), and never less than one input. An interactive arrival then
+waits for at most one slice before its batch, which holds at most one slice of bulk inputs.
+Once interactive traffic stops, bulk batches are full again.
 """
 
 from __future__ import annotations
@@ -51,7 +50,6 @@ from typing import Protocol, TypeVar
 
 MAX_PASSES = 4
 BULK_WINDOW = 4  # bulk candidates: this many batches' worth (MAX_BATCH_SIZE each)
-BULK_SLICE_S = 0.010  # a batch's bulk inputs take about this long while interactive is recent
 INTERACTIVE_RECENT_S = 1.0  # interactive traffic is recent: one arrived within this long
 
 
@@ -105,13 +103,14 @@ def next_must(
     return interactive + bulk, must
 
 
-def bulk_slice_tokens(*, sec_per_token: float, overhead_tokens: float) -> int:
-    """The computed tokens of a bulk slice: those a batch computes in BULK_SLICE_S besides its
-    fixed cost, by the batch cost model `sec_per_token x (overhead_tokens + tokens)`
-    (`service.engine.batching.cost`), and at least `overhead_tokens` (half the slice's time
-    then goes to tokens)."""
-    fits = BULK_SLICE_S / max(sec_per_token, 1e-12) - overhead_tokens
-    return round(max(fits, overhead_tokens))
+def bulk_slice_tokens(*, slice_s: float, sec_per_token: float, overhead_tokens: float) -> int:
+    """The computed tokens of a bulk slice: those a batch computes in `slice_s` seconds besides
+    its fixed cost, by the batch cost model `sec_per_token x (overhead_tokens + tokens)`
+    (`service.engine.batching.cost`); 0 when the fixed cost alone takes longer (a slice is
+    then one input: `bulk_slice`). No floor from the overhead: calibrated on a busy machine it
+    can reach thousands of tokens, and the slice with it."""
+    fits = slice_s / max(sec_per_token, 1e-12) - overhead_tokens
+    return max(0, round(fits))
 
 
 def bulk_slice(bulk: Sequence[W], budget: int, *, packed: bool) -> list[W]:
