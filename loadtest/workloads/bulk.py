@@ -1,6 +1,6 @@
 """Interactive latency beside a bulk indexer: does a one-input request wait behind 1,000 inputs?
 
-``python -m loadtest.bench --only bulk`` (about 3 minutes; ``--quick`` about 1.5). One server on
+``python -m loadtest.bench --only bulk`` (about 4 minutes; ``--quick`` about 2). One server on
 the default model and settings. Interactive clients (``--bulk-clients``, 4) send one short input
 a request to ``/embed`` (``corpus.short_inputs``, 42 tokens mean), open loop at ``--bulk-rate``
 requests a second in all (well under capacity), for ``--bulk-seconds``: first alone, then
