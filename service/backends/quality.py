@@ -192,9 +192,9 @@ def sparse_quality(reference: Any, output: Any, k: int = TOP_K) -> Quality:
         if n == 0:
             continue
         top_r, top_o = r.topk(n), o.topk(n).indices
-        kth = float(top_r.values[-1])
+        outside = float(r.topk(n + 1).values[-1]) if n < r.numel() else 0.0
         tie = SPARSE_TIE * float(top_r.values[0])
-        lost = ~torch.isin(top_r.indices, top_o) & (top_r.values > kth + tie)
+        lost = ~torch.isin(top_r.indices, top_o) & (top_r.values > outside + tie)
         recall = min(recall, 1.0 - int(lost.sum()) / n)
     norms = ref.norm(dim=-1).clamp_min(1e-12)
     scale = norms[:, None] * norms[None, :]
@@ -218,7 +218,7 @@ def classifier_quality(reference: Any, output: Any, activation: str = "sigmoid")
         return Quality(finite=False)
     if output.shape[-1] == 1:
         return score_quality(reference, output, activation)
-    p, q = reference.float().softmax(-1), output.float().softmax(-1)
+    p, q = reference.double().softmax(-1), output.double().softmax(-1)
     diff = float((p - q).abs().max())
     top2 = p.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > TIE
