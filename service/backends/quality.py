@@ -12,14 +12,14 @@ Every check also needs finite values (a float16 overflow fails). The bounds:
   worst on all-MiniLM-L6-v2, onnxruntime float32 1 - 2e-12);
 - sparse (SPLADE) weights [V]: (1) float32's `TOP_K` (32) largest indices of each text, all
   nonzero ones if fewer, are all among the candidate's `TOP_K` largest (`top_k_recall` >=
-  `MIN_TOP_K_RECALL` = 1), except an index whose float32 weight lies within `SPARSE_TIE`
-  (1e-4 of the text's largest weight) of the largest weight float32 leaves out of its top-k:
-  a near tie at the edge, which float32 itself orders by rounding; (2) every query/document pair's dot product within `MAX_DOT_DIFF` (1e-3) of
-  float32's, in units of the two vectors' norms (a cosine's unit). A sparse answer is posted
-  by its indices: a lost index drops the text from that term's postings, which no cosine
-  sees (a tiny SPLADE in bfloat16 kept a cosine of 0.99999 while 6 of the 16 texts lost 1 or
-  2 of their top-32 indices and a dot product moved by 1.6e-3; onnxruntime float32 lost
-  none and moved them by 3e-8);
+  `MIN_TOP_K_RECALL` = 1), except an index whose float32 weight lies within `SPARSE_TIE` (1e-4
+  of the text's largest weight) of the largest weight float32 leaves out of its top-k: a near
+  tie at the edge, which float32 itself orders by rounding; (2) every query/document pair's dot
+  product within `MAX_DOT_DIFF` (1e-3) of float32's, in units of the two vectors' norms (a
+  cosine's unit). A sparse answer is posted by its indices: a lost index drops the text from
+  that term's postings, which no cosine sees (a tiny SPLADE in bfloat16 kept a cosine of 0.99999
+  while 6 of the 16 texts lost 1 or 2 of their top-32 indices and a dot product moved by 1.6e-3;
+  onnxruntime float32 lost none and moved them by 3e-8);
 - scores: classifiers' softmax probabilities within `MAX_PROB_DIFF` (1e-3; bfloat16 keeps
   about 3e-4) and the same top label wherever float32's top two differ by more than `TIE`
   (nearer ties may flip); a one-logit model's (a reranker's) served score, its activation of
