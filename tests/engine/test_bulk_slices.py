@@ -89,10 +89,13 @@ def test_bulk_runs_in_slices_while_interactive_traffic_is_recent(
     assert all(i.bulk for i in bulk)
     assert batch(former, engine) == bulk[:32]  # no interactive traffic: full batches
     one = offer(former, ["40 query"], queued)
-    assert batch(former, engine) == [*bulk[32:41], *one]  # 9 x 100 tokens fit 950, 10 do not
+    assert batch(former, engine) == one  # the interactive input runs without bulk inputs
+    assert batch(former, engine) == bulk[32:41]  # then bulk slices: 9 x 100 tokens fit 950
     clock.now += INTERACTIVE_RECENT_S / 2
-    assert batch(former, engine) == bulk[41:50]  # recent still: the next arrival waits 1 slice
-    clock.now += INTERACTIVE_RECENT_S / 2 + 0.01
+    two = offer(former, ["40 query", "12 another"], queued)
+    assert batch(former, engine) == two
+    assert batch(former, engine) == bulk[41:50]
+    clock.now += INTERACTIVE_RECENT_S + 0.01
     assert batch(former, engine) == bulk[50:82]  # quiet for a while: full batches again
 
 
@@ -107,12 +110,12 @@ def test_bulk_slice_ms_0_keeps_bulk_batches_full(clock: Clock, queued: list[Item
 
 def test_padded_slices_count_their_padding(clock: Clock, queued: list[Item]) -> None:
     """Padded: a slice computes its number of inputs x the longest, so one long bulk input
-    shortens it; the interactive input runs with the bulk run around its length."""
+    shortens it."""
     former, engine = pool(packed=False)
     bulk = offer(former, ["50 a"] * 4 + ["400 long"] + ["50 b"] * 995, queued)
     one = offer(former, ["60 query"], queued)
-    got = batch(former, engine)
-    assert got == [*bulk[:4], *one]  # 5 x 400 = 2,000 > 950: the slice ends before the long one
+    assert batch(former, engine) == one
+    assert batch(former, engine) == bulk[:4]  # 5 x 400 = 2,000 > 950: it ends before the long
     assert batch(former, engine) == [bulk[4]]  # the long one alone: 400 tokens
     assert batch(former, engine) == bulk[5:24]  # 19 x 50 = 950
 

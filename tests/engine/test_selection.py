@@ -271,23 +271,15 @@ def test_a_bulk_slice_takes_the_slice_time_by_the_cost_model() -> None:
     assert bulk_slice_tokens(slice_s=0.050, sec_per_token=1e-4, overhead_tokens=64) == 436
 
 
-def test_with_a_slice_an_interactive_input_runs_beside_at_most_that_many_bulk_tokens() -> None:
+def test_with_a_slice_interactive_inputs_run_alone_and_bulk_in_slices() -> None:
     bulk = [Queued(f"b{i}", 100, bulk=True) for i in range(1000)]
     late = Queued("interactive", 40, enqueued_at=1.0)
     candidates, must = next_must(
         [*bulk, late], now=0.0, urgent_s=0.0, max_size=32, bulk_tokens=950, packed=True
     )
-    assert must is late
-    assert [q.name for q in candidates] == ["interactive", *(f"b{i}" for i in range(9))]
-    picked = next_batch(
-        [q.tokens for q in candidates],
-        must=0,
-        max_size=32,
-        max_tokens=None,
-        overhead_tokens=50,
-        packed=True,
-    )
-    assert [candidates[k].name for k in picked] == ["interactive", *(f"b{i}" for i in range(9))]
+    assert [q.name for q in candidates] == ["interactive"] and must is None
+    candidates, must = next_must(bulk, now=0.0, urgent_s=0.0, max_size=32, bulk_tokens=950)
+    assert [q.name for q in candidates] == [f"b{i}" for i in range(9)]  # 9 x 100 <= 950
     # Without interactive inputs waiting, a starving bulk input outside the slice cannot be
     # forced into it: the slice's oldest are the forced ones in arrival order.
     bulk[0].passed_over = MAX_PASSES

@@ -35,12 +35,12 @@ candidates: choosing among them stays cheap.
 
 A batch cannot be interrupted, so an interactive input arriving while a full batch of bulk
 inputs runs would wait for all of it, then run beside more of them. So while interactive
-traffic is recent (an interactive input arrived within INTERACTIVE_RECENT_S), the bulk inputs
-of any batch are a slice (`bulk_slice`): the oldest ones whose computed tokens fit a budget
-that takes about BULK_SLICE_MS (10 ms by default) by the batch cost model
-(`bulk_slice_tokens`), and never less than one input. An interactive arrival then
-waits for at most one slice before its batch, which holds at most one slice of bulk inputs.
-Once interactive traffic stops, bulk batches are full again.
+traffic is recent (an interactive input arrived within INTERACTIVE_RECENT_S), a batch holds
+either the interactive inputs waiting and no bulk input, or, when none waits, a slice of bulk
+inputs (`bulk_slice`): the oldest ones whose computed tokens fit a budget that takes about
+BULK_SLICE_MS by the batch cost model (`bulk_slice_tokens`), and never less than one input. An
+interactive arrival then waits for at most one slice, and its batch runs as fast as without
+bulk work. Once interactive traffic stops, bulk batches are full again.
 """
 
 from __future__ import annotations
@@ -81,15 +81,16 @@ def next_must(
     packed: bool = True,
 ) -> tuple[list[W], W | None]:
     """The candidates for the next batch (every interactive input, the first
-    `BULK_WINDOW x max_size` bulk ones in `pool`'s order, or only the slice of them that fits
-    `bulk_tokens` computed tokens when given: `bulk_slice`) and the input it must hold, or None:
+    `BULK_WINDOW x max_size` bulk ones in `pool`'s order; with `bulk_tokens`, the interactive
+    inputs alone, or when there are none the slice of bulk ones that fits `bulk_tokens`
+    computed tokens: `bulk_slice`) and the input it must hold, or None:
     a forced interactive input (passed over MAX_PASSES times, or due within `urgent_s` of
     `now`; the earliest deadline, then the oldest), else while bulk inputs wait the oldest
     interactive input, else a forced bulk input among the candidates."""
     interactive = [i for i in pool if not i.bulk]
     bulk = [i for i in pool if i.bulk][: BULK_WINDOW * max_size]
     if bulk_tokens is not None:
-        bulk = bulk_slice(bulk, bulk_tokens, packed=packed)
+        bulk = [] if interactive else bulk_slice(bulk, bulk_tokens, packed=packed)
 
     def forced(items: list[W]) -> W | None:
         due = [i for i in items if i.passed_over >= MAX_PASSES or i.deadline - now < urgent_s]
