@@ -59,9 +59,14 @@ def queued() -> Iterator[list[Item]]:
             item.future.set_result(None)
 
 
-def pool(packed: bool, slice_ms: float = 10.0) -> tuple[BatchFormer, Any]:
-    """A batcher whose batches cost 10 us a token plus 50 tokens: a 10 ms slice is 950 tokens."""
-    estimate = ServiceTimeEstimate(max_batch_size=32, overhead_tokens=50.0, sec_per_token=1e-5)
+def pool(
+    packed: bool, slice_ms: float = 10.0, sec_per_token: float = 1e-5
+) -> tuple[BatchFormer, Any]:
+    """A batcher whose batches cost `sec_per_token` a token plus 50 tokens: at 10 us a token a
+    10 ms slice is 950 tokens, 10 slices (no interactive traffic) 9,950."""
+    estimate = ServiceTimeEstimate(
+        max_batch_size=32, overhead_tokens=50.0, sec_per_token=sec_per_token
+    )
     settings = Settings(max_batch_size=32, max_queue_size=64, bulk_slice_ms=slice_ms)
     former = BatchFormer(settings, WorkQueue(64, 2048), estimate)
     former.packed = packed
@@ -97,6 +102,21 @@ def test_bulk_runs_in_slices_while_interactive_traffic_is_recent(
     assert batch(former, engine) == bulk[41:50]
     clock.now += INTERACTIVE_RECENT_S + 0.01
     assert batch(former, engine) == bulk[50:82]  # quiet for a while: full batches again
+
+
+def test_without_interactive_traffic_a_bulk_batch_takes_at_most_ten_slices(
+    clock: Clock, queued: list[Item]
+) -> None:
+    """At 100 us a token: 10 slices (100 ms) are 950 tokens, 9 inputs of 100, where a full batch
+    (32) would take 330 ms; once an interactive input came, slices of 50 tokens: one input."""
+    former, engine = pool(packed=True, sec_per_token=1e-4)
+    bulk = offer(former, ["100 passage"] * 1000, queued)
+    assert batch(former, engine) == bulk[:9]
+    one = offer(former, ["40 query"], queued)
+    assert batch(former, engine) == one
+    assert batch(former, engine) == [bulk[9]]
+    clock.now += INTERACTIVE_RECENT_S
+    assert batch(former, engine) == bulk[10:19]
 
 
 def test_bulk_slice_ms_0_keeps_bulk_batches_full(clock: Clock, queued: list[Item]) -> None:

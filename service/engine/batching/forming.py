@@ -20,6 +20,7 @@ from service.engine.batching.backlog import Backlog
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.policy import (
     BULK_WINDOW,
+    IDLE_SLICES,
     INTERACTIVE_RECENT_S,
     bulk_slice_tokens,
     next_batch,
@@ -175,13 +176,16 @@ class BatchFormer:
         """The next batch from the pool (`service.engine.batching.policy`: padding-aware, or
         the oldest when the forward is packed), with any input passed over MAX_PASSES times or
         whose deadline is within 4 x `last_s`, and while bulk inputs wait, the oldest
-        interactive one (`next_must`); while interactive traffic is recent, at most a slice of
-        bulk inputs (`policy.bulk_slice`). Units of every op and parameter set share batches:
-        parameters only change each unit's own tokenization and answer, never the forward."""
+        interactive one (`next_must`); while interactive traffic is recent, interactive inputs
+        alone or a slice of bulk inputs, else at most IDLE_SLICES slices (`policy.bulk_slice`).
+        Units of every op and parameter set share batches: parameters only change each unit's
+        own tokenization and answer, never the forward."""
         now = time.monotonic()
         sliced = None
         slice_s = self.settings.bulk_slice_ms / 1000
-        if slice_s and now - self.interactive_at < INTERACTIVE_RECENT_S:
+        if slice_s:
+            if now - self.interactive_at >= INTERACTIVE_RECENT_S:
+                slice_s *= IDLE_SLICES
             sliced = bulk_slice_tokens(
                 slice_s=slice_s,
                 sec_per_token=self.estimate.sec_per_token,
