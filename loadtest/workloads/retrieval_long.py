@@ -42,14 +42,19 @@ def document(tokens: int, tokenizer: Any) -> tuple[str, int]:
 
 
 def samples(base: str) -> dict[tuple[str, str | None], float]:
-    """The long-document part's metric samples (module constants) from /metrics."""
+    """The long-document part's metric samples (module constants) from the server's /metrics."""
     with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+        return parse_samples(resp.read().decode())
+
+
+def parse_samples(text: str) -> dict[tuple[str, str | None], float]:
+    """The module's samples (``(name, route label or None)``) in Prometheus ``text``, each
+    summed over any other label; 0 when absent."""
     wanted = {REQUEST_S, REQUESTS_N, PIPELINE_S, PIPELINE_INPUTS}
     out: dict[tuple[str, str | None], float] = dict.fromkeys(wanted, 0.0)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            key = (s.name, s.labels.get("route"))  # summed over any other label
+            key = (s.name, s.labels.get("route"))
             if key in wanted:
                 out[key] += s.value
     return out
