@@ -75,6 +75,7 @@ def texts(n: int, words: tuple[int, int], seed: int) -> list[str]:
 
 
 def token_stats(items: Sequence[str], tokenizer: Any) -> dict[str, float]:
+    """How many ``items`` and their tokens (special tokens included): mean and max."""
     lengths = [len(ids) for ids in tokenizer(list(items))["input_ids"]]
     return {"n": len(lengths), "tokens_mean": statistics.fmean(lengths), "tokens_max": max(lengths)}
 
@@ -158,6 +159,7 @@ async def embeddings(
             for t in items
         ]
         weighed = weigh(await answers(srv.base, reqs[: args.retrieval_bytes_inputs]))
+        print(f"  {input_type}: {weighed['bytes_per_answer']:,.0f} bytes an answer", flush=True)
         levels = await mixed.closed_levels(
             srv.base, reqs, args.retrieval_levels, args.retrieval_seconds, args
         )
@@ -167,7 +169,7 @@ async def embeddings(
 
 async def answers(base: str, reqs: Sequence[client.Request]) -> list[bytes]:
     """Send each request once, in turn (a warm-up too): the answers' bodies. Raises on any
-    status but 200 (with the answer), so a refused input stops the run, not its figures."""
+    status but 200 (with the answer): a refused input stops the run rather than skew it."""
     bodies = []
     async with client.session(1) as http:
         for req in reqs:
