@@ -62,6 +62,7 @@ def serve_chosen_backend(
         dtype=choice.backend.dtype,
         backend_summary=MappingProxyType(choice.summary()),
         compute=choice.backend.compute,
+        padded_up_to=int(getattr(choice.backend, "padded_up_to", 0)),
     )
     return engine
 

@@ -141,6 +141,7 @@ class Batcher:
         loaded_s = time.monotonic() - started
         self.info = engine.info
         self.forming.packed = self.runner.packed = engine.info.compute == "packed"
+        self.runner.padded_up_to = engine.info.padded_up_to
         metrics.MODEL_LOAD_SECONDS.set(loaded_s)
         metrics.TORCH_THREADS.set(engine.info.torch_threads)
         log.info("model_ready", **engine.info.ready_fields(loaded_s))
