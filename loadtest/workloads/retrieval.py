@@ -45,7 +45,7 @@ SERVER = {"BACKEND": "torch", "DTYPE": "float32"}  # every server's, under --env
 def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--retrieval-parts", default="embeddings,rerank,long", help="parts to run")
     p.add_argument("--retrieval-levels", help="clients, embeddings (default 1,16)")
-    p.add_argument("--retrieval-rerank-levels", help="clients, rerank (default 1,8)")
+    p.add_argument("--retrieval-rerank-levels", help="clients, rerank (default 1,4: 64 pairs)")
     p.add_argument("--retrieval-seconds", type=float, help="per point (default 8, quick 2)")
     p.add_argument("--retrieval-inputs", type=int, help="queries and documents (default 256/64)")
     p.add_argument("--retrieval-docs-per-query", type=int, default=16, help="rerank documents")
@@ -61,7 +61,7 @@ def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     if unknown:
         raise SystemExit(f"--retrieval-parts: unknown {', '.join(sorted(unknown))}")
     args.retrieval_levels = common.ints(args.retrieval_levels or "1,16")
-    args.retrieval_rerank_levels = common.ints(args.retrieval_rerank_levels or "1,8")
+    args.retrieval_rerank_levels = common.ints(args.retrieval_rerank_levels or "1,4")
     args.retrieval_seconds = args.retrieval_seconds or (2.0 if q else 8.0)
     args.retrieval_inputs = args.retrieval_inputs or (64 if q else 256)
     args.retrieval_bytes_inputs = args.retrieval_bytes_inputs or (8 if q else 32)

@@ -20,7 +20,7 @@ from loadtest.workloads import retrieval, retrieval_long
 
 def test_options_and_their_quick_defaults() -> None:
     quick = parse_args(["--only", "retrieval", "--quick"])
-    assert quick.retrieval_levels == [1, 16] and quick.retrieval_rerank_levels == [1, 8]
+    assert quick.retrieval_levels == [1, 16] and quick.retrieval_rerank_levels == [1, 4]
     assert quick.retrieval_seconds == 2.0 and quick.retrieval_inputs == 64
     assert quick.retrieval_long_repeats == 3 and quick.retrieval_long_tokens == 2000
     assert quick.retrieval_parts == ["embeddings", "rerank", "long"]
