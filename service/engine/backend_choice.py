@@ -2,10 +2,13 @@
 checked and timed on the engine's own inputs (`service.backends.candidates`).
 
 The check and the inputs are the engine's: fixed texts tokenized and padded as traffic is
-(`EncoderEngine.prepare_many`, `EncoderEngine.padded`), and embeddings compared after the
-model's own pooling (`service.engine.pooling.pool`; mean for a model that pools none: token
-rows and SPLADE's logits), classifiers on their logits. So what is checked is what is served,
-and the backends layer knows tensors only.
+(`EncoderEngine.prepare_many`, `EncoderEngine.padded`), and every output kind the model serves
+compared with float32's as it is served (`service.backends.quality`, which states the bounds):
+a pooled model's vectors after its own pooling (`service.engine.pooling.pool`) and its token
+rows; token rows (no pooling); a SPLADE model's weights after its own `SpladePooling`
+(`service.engine.pooling.sparse`): top-k indices and dot products; a classifier's
+probabilities and top labels, a reranker's scores (its own activation) and their order. So
+what is checked is what is served, and the backends layer knows tensors only.
 """
 
 from __future__ import annotations
@@ -17,10 +20,18 @@ from types import MappingProxyType
 from typing import Any
 
 from service.backends.candidates import Trial, choose_backend
-from service.backends.quality import classifier_quality, vector_quality
-from service.backends.ranking import Compare, Quality
+from service.backends.quality import (
+    Quality,
+    classifier_quality,
+    combined,
+    rows_quality,
+    sparse_quality,
+    vector_quality,
+)
+from service.backends.ranking import Compare
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.pooling.pool import pool
+from service.engine.pooling.sparse import SpladeSpec, splade_pool
 from service.engine.types import Output
 from service.engine.warmup import sample_unit
 from service.settings import Settings
@@ -53,7 +64,8 @@ def serve_chosen_backend(
     """`engine` (on torch float32, the reference) now computing on the backend BACKEND/DTYPE
     choose, its `info` naming it with every candidate's measurements (/info's `backend`).
     `folder`: the model's weights (None: not local; no ONNX then)."""
-    what = f"{engine.info.output}:{','.join(engine.info.pooling or ())}"
+    info = engine.info
+    what = f"{info.output}:{','.join(info.pooling or ())}:{info.score_activation}"
     choice = choose_backend(settings, engine.pipe, folder, trial(engine), what)
     engine.backend = choice.backend
     engine.info = dataclasses.replace(
@@ -69,18 +81,29 @@ def serve_chosen_backend(
 
 def trial(engine: EncoderEngine) -> Trial:
     """The engine's padded inputs for `TEXTS` (the check) and for 1 to 32 of them (timing),
-    and the check of a candidate's output against float32's for this model's output."""
+    and the check of a candidate's output against float32's for this model's output kind."""
     prepared = [engine.prepare(sample_unit(engine.info, text)) for text in TEXTS]
     quality_inputs = engine.padded(prepared)
     timing = [engine.padded((prepared * 2)[:n]) for n in TIMING_SIZES]
-    compare: Compare = classifier_quality
-    if engine.info.output is not Output.CLASSIFIER:
-        mask, modes = quality_inputs["attention_mask"], engine.info.pooling or ("mean",)
+    return Trial(quality_inputs, timing, compare_for(engine, quality_inputs["attention_mask"]))
 
-        def compare(reference: Any, output: Any) -> Quality:
-            return embedding_quality(reference, output, mask, modes)
 
-    return Trial(quality_inputs, timing, compare)
+def compare_for(engine: EncoderEngine, mask: Any) -> Compare:
+    """The check of the model's first output on inputs under `mask` [B, L], by what the model
+    serves (`Output`): pooled vectors and token rows, token rows, SPLADE weights, or scores."""
+    output, info = engine.info.output, engine.info
+    if output is Output.CLASSIFIER:
+        return lambda ref, out: classifier_quality(ref, out, info.score_activation)
+    if output is Output.SPARSE:
+        spec = engine.sentence.splade if engine.sentence is not None else None
+        assert spec is not None  # a SPARSE model has its SpladePooling
+        return lambda ref, out: splade_quality(ref, out, mask, spec)
+    if output is Output.TOKEN_ROWS:
+        return lambda ref, out: rows_quality(ref, out, mask)
+    modes = info.pooling or ("mean",)
+    return lambda ref, out: combined(
+        embedding_quality(ref, out, mask, modes), rows_quality(ref, out, mask)
+    )
 
 
 def sample_inputs(engine: EncoderEngine, n: int = 2) -> Mapping[str, Any]:
@@ -97,3 +120,9 @@ def embedding_quality(reference: Any, output: Any, mask: Any, modes: Sequence[st
         return Quality(finite=False)
     modes = tuple(modes)
     return vector_quality(pool(reference, mask, modes), pool(output, mask, modes))
+
+
+def splade_quality(reference: Any, output: Any, mask: Any, spec: SpladeSpec) -> Quality:
+    """`sparse_quality` of the SPLADE weights [B, V] the MLM logits [B, L, V] under `mask`
+    [B, L] give, pooled as the model's `spec` says."""
+    return sparse_quality(splade_pool(reference, mask, spec), splade_pool(output, mask, spec))
