@@ -199,7 +199,7 @@ def test_storm_input_is_three_sentences() -> None:
 
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
-    assert list(WORKLOADS) == ["mixed", "short_inputs", "storm", "cost", "bulk"]
+    assert list(WORKLOADS) == ["mixed", "short_inputs", "storm", "cost", "retrieval", "bulk"]
     assert list(STUDIES) == ["cpu", "profile", "burst", "memory", "zero_shot", "pooled"]
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
     assert args.only == ["storm", "short_inputs"] and args.storm_rounds == 2
