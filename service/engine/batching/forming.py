@@ -181,22 +181,13 @@ class BatchFormer:
         Units of every op and parameter set share batches: parameters only change each unit's
         own tokenization and answer, never the forward."""
         now = time.monotonic()
-        sliced = None
-        slice_s = self.settings.bulk_slice_ms / 1000
-        if slice_s:
-            if now - self.interactive_at >= INTERACTIVE_RECENT_S:
-                slice_s *= IDLE_SLICES
-            sliced = bulk_slice_tokens(
-                slice_s=slice_s,
-                sec_per_token=self.estimate.sec_per_token,
-                overhead_tokens=self.estimate.overhead_tokens,
-            )
+        recent = now - self.interactive_at < INTERACTIVE_RECENT_S
         candidates, must = next_must(
             self.pool,
             now=now,
             urgent_s=4 * last_s,
             max_size=self.settings.max_batch_size,
-            bulk_tokens=sliced,
+            bulk_tokens=_bulk_tokens(self.settings, self.estimate, recent=recent),
             packed=self.packed,
         )
         picked = next_batch(
@@ -243,3 +234,17 @@ class BatchFormer:
         """Answer the pool, the backlog and everything still queued alike."""
         self.pool.extend(self.queue.take_new(0))
         self.fail_pool(error)
+
+
+def _bulk_tokens(settings: Settings, estimate: ServiceTimeEstimate, *, recent: bool) -> int | None:
+    """The computed tokens of bulk inputs a batch may hold: one slice of BULK_SLICE_MS while
+    interactive traffic is `recent`, IDLE_SLICES slices otherwise, None when slicing is off
+    (`policy.bulk_slice_tokens`)."""
+    if not settings.bulk_slice_ms:
+        return None
+    slice_s = settings.bulk_slice_ms / 1000 * (1 if recent else IDLE_SLICES)
+    return bulk_slice_tokens(
+        slice_s=slice_s,
+        sec_per_token=estimate.sec_per_token,
+        overhead_tokens=estimate.overhead_tokens,
+    )
