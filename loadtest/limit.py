@@ -37,6 +37,7 @@ from loadtest import cpu
 from loadtest.corpus import INPUT_SETS
 from loadtest.corpus import inputs as input_set
 from loadtest.stats import percentile
+from service.engine.cpu_threads import set_openmp_wait
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -160,6 +161,21 @@ class Limit:
             seconds += time.perf_counter() - start
         return seconds
 
+    def engine_calls(self, text: str, n: int) -> list[float]:
+        """Milliseconds of the server's own path on one input, ``n`` times in turn: the
+        engine's ``prepare`` (tokenize) and ``run`` (forward, pooling, the answer's rows) on a
+        batch of one, as the inference thread runs a request that arrives alone."""
+        from service.engine.warmup import sample_unit
+
+        engine = self.engine()
+        unit = sample_unit(engine.info, text)
+        out: list[float] = []
+        for _ in range(n):
+            start = time.perf_counter()
+            engine.run([engine.prepare(unit)])
+            out.append((time.perf_counter() - start) * 1000)
+        return out
+
     def sized(self, tokens: int) -> Any:
         """An input of the engine, prepared, as near ``tokens`` long as the tokenizer allows:
         a word repeated (the mask token for fill-mask, as the engine's calibration does)."""
@@ -263,7 +279,10 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     the inputs (``"pooling": "mean"`` adds mean pooling); ``{"op": "calls", "indices": [3, 4]}``
     times a direct single call on each of those inputs: ``{"ms": [..., ...]}``;
     ``{"op": "replay", "shapes": [[8, 40], [2, 300]]}`` answers ``{"seconds": ...}``
-    (:meth:`Limit.replay`); ``{"op": "backend"}`` the backend's summary.
+    (:meth:`Limit.replay`); ``{"op": "engine_calls", "text": "...", "n": 50}`` runs the
+    server's own path (:meth:`Limit.engine_calls`) on one input ``n`` times: ``{"ms": [...]}``;
+    ``{"op": "backend"}`` the backend's summary. Every answer carries ``cpu_s``: this process's
+    CPU seconds (all its threads: the tokenizer, torch's and onnxruntime's pools) meanwhile.
     """
     lim.engine()  # loaded now, not in the middle of a paired round
     stdout.write(json.dumps({"ready": True}) + "\n")
@@ -271,14 +290,18 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     for line in stdin:
         req = json.loads(line)
         answer: dict[str, Any]
+        cpu_before = time.process_time()
         if req["op"] == "backend":  # the backend (b)'s forward runs on: the server's
             answer = lim.backend
         elif req["op"] == "calls":
             answer = {"ms": lim.single_calls_of([lim.inputs[i] for i in req["indices"]])}
         elif req["op"] == "replay":
             answer = {"seconds": lim.replay(req["shapes"])}
+        elif req["op"] == "engine_calls":
+            answer = {"ms": lim.engine_calls(req["text"], req["n"])}
         else:
             answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf, req.get("pooling"))}
+        answer = {**answer, "cpu_s": time.process_time() - cpu_before}
         stdout.write(json.dumps(answer) + "\n")
         stdout.flush()
 
@@ -346,6 +369,7 @@ class LimitWorker:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: measure and print or write the JSON result."""
+    set_openmp_wait()  # before torch loads: the reference runs its threads as the server does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=512, help="number of inputs")
     parser.add_argument("--input-set", choices=INPUT_SETS, default="mixed")

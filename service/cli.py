@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
+from service.engine.cpu_threads import set_openmp_wait
 from service.engine.loading import preflight
 from service.settings import SettingsError, load_settings
 
@@ -32,6 +33,7 @@ def main() -> None:
         return
     # Tokenizers' Rust thread pool is unsafe across fork (gunicorn forks the worker).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    set_openmp_wait()  # before the worker imports torch (libgomp reads it when it loads)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:service.gunicorn_conf"]
     os.execv(sys.executable, argv)
 

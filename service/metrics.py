@@ -26,14 +26,21 @@ QUEUE_DEPTH = Gauge(_P + "queue_depth", "Inputs waiting (not counting the runnin
 BATCH_SIZE = Histogram(
     _P + "batch_size", "Inputs per pipeline call.", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
 )
+_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 BATCH_TOKENS = Histogram(
     _P + "batch_padded_tokens",
-    "Padded tokens per pipeline call (inputs x longest input).",
-    buckets=(16, 64, 256, 1024, 4096, 16384, 65536),
+    "The batch's padded shape in tokens (inputs x longest input), however it is computed.",
+    buckets=_TOKEN_BUCKETS,
+)
+BATCH_COMPUTED_TOKENS = Histogram(
+    _P + "batch_computed_tokens",
+    "Tokens the model computed per call: the real tokens of a packed batch, inputs x longest "
+    "input of a padded one.",
+    buckets=_TOKEN_BUCKETS,
 )
 PADDING_EFFICIENCY = Histogram(
     _P + "padding_efficiency",
-    "Real tokens / padded tokens of each batch.",
+    "Real tokens / tokens computed of each batch (1.0 for a packed batch).",
     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
 )
 QUEUE_WAIT = Histogram(

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # this and MAX_CLIENT_BATCH_SIZE (service.engine.batching.queue).
     max_queue_size: int = Field(256, ge=1)
     max_client_batch_size: int = Field(2048, ge=1)  # OpenAI's limit of inputs per request
+    # While interactive traffic is recent, a batch's bulk inputs take about this long (0: bulk
+    # batches are always full; service.engine.batching.policy.bulk_slice).
+    bulk_slice_ms: float = Field(10.0, ge=0, le=10_000, allow_inf_nan=False)
     # 4 MiB: a full client batch of texts near the usual 256-token limit (2,048 x ~1.5 KiB)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     request_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)

@@ -111,8 +111,36 @@ def test_metrics_exposes_the_contract(embedded_client: TestClient) -> None:
         "pipeline_server_ready 1.0",
         "pipeline_server_torch_threads",
         "pipeline_server_padding_efficiency_bucket",
+        "pipeline_server_batch_computed_tokens_bucket",
     ):
         assert name in text, name
+
+
+def test_batch_token_metrics_count_what_the_model_computed(
+    embedded_client: TestClient, embedded_model: Path
+) -> None:
+    """A batch of a 4-token and a 12-token input: its padded shape is 2 x 12 tokens; it
+    computes 16 tokens when the backend packs (efficiency 1.0), 24 when it pads."""
+    from prometheus_client import REGISTRY
+    from transformers import AutoTokenizer
+
+    texts = ["hello there", "a somewhat longer sentence about rivers and the sea"]
+    lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(embedded_model)(texts).input_ids]
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(f"pipeline_server_{name}") or 0.0
+
+    names = ("batch_padded_tokens_sum", "batch_computed_tokens_sum", "padding_efficiency_sum")
+    names += ("batch_size_count",)
+    before = {n: sample(n) for n in names}
+    assert embedded_client.post("/", json={"inputs": texts}).status_code == 200
+    got = {n: sample(n) - before[n] for n in names}
+    packed = embedded_client.get("/info").json()["model"]["backend"]["compute"] == "packed"
+    assert got["batch_size_count"] == 1  # one batch of both
+    assert got["batch_padded_tokens_sum"] == 2 * max(lengths)
+    computed = sum(lengths) if packed else 2 * max(lengths)
+    assert got["batch_computed_tokens_sum"] == computed
+    assert got["padding_efficiency_sum"] == pytest.approx(sum(lengths) / computed)
 
 
 def test_list_of_inputs_is_answered_in_order(tiny_models: dict[str, Path]) -> None:

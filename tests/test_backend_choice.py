@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from service.backends.candidates import allowed, native_bf16
-from service.backends.quality import classifier_quality
+from service.backends.quality import Quality, classifier_quality
 from service.backends.ranking import (
     Candidate,
     Measured,
-    Quality,
     Route,
     fastest_passing,
     measure,

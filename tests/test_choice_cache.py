@@ -14,7 +14,7 @@ import pytest
 from helpers import ServerProcess, captured_logs
 from models import build
 
-from service.backends import candidates, choice_cache
+from service.backends import candidates, choice_cache, quality
 from service.backends.export import cache_key, cache_root
 from service.engine.loading import load_engine
 from service.settings import Settings
@@ -85,6 +85,24 @@ def test_the_machine_key_covers_threads_what_the_engine_answers_and_the_cpu(tmp_
     )
     assert choice_cache.cpu_identity(cpuinfo) == "AMD EPYC 9B45|avx2 avx512_bf16 sse"
     assert choice_cache.cpu_identity(tmp_path / "missing")  # the architecture, at least
+
+
+def test_a_choice_made_under_other_checks_is_not_reused(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bound changed (or a check added) changes the machine key: the choice cached when
+    only the old checks ran is measured over."""
+    start(model)
+    key = choice_cache.machine_key("classifier::sigmoid", 2)
+    monkeypatch.setitem(quality.BOUNDS, "max_prob_diff", ("<=", 5e-4))
+    assert choice_cache.machine_key("classifier::sigmoid", 2) != key
+    again, _ = start(model)
+    assert "reused" not in again
+    assert again["checks"] == {
+        "max_prob_diff": "<= 0.0005",
+        "top_label_kept": "true",
+    }
+    assert len(list((cache_root() / cache_key(model)).glob("choice-*.json"))) == 2
 
 
 @pytest.mark.server

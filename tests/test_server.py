@@ -45,6 +45,15 @@ def test_seed_curl_and_paraphrases(start_server: Callable[..., ServerProcess]) -
     b = embed("Someone plays the guitar.")
     c = embed("The stock market fell sharply today.")
     assert float(a @ b) > float(a @ c) + 0.2
+    # torch's OpenMP threads sleep between regions (service.engine.cpu_threads): the worker
+    # got the wait policy from the console script, unless the environment chose one.
+    import os
+
+    import psutil  # type: ignore[import-untyped]
+
+    (worker,) = psutil.Process(server.proc.pid).children()
+    wanted = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    assert worker.environ().get("OMP_WAIT_POLICY") == wanted
     assert server.terminate() == 0
     log = server.log()
     lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]

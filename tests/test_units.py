@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from service.engine.batching.cost import ServiceTimeEstimate
-from service.engine.cpu_threads import cpu_quota, default_torch_threads
+from service.engine.cpu_threads import cpu_quota, default_torch_threads, set_openmp_wait
 from service.engine.jobs import Job, Op, params_key
 from service.engine.types import ModelInfo, Output
 from service.errors import (
@@ -222,3 +222,14 @@ def test_estimate_follows_batches_and_predicts_wait() -> None:
     assert est.predicted_wait(10) == pytest.approx(4e-4 * (2 * 100 + 10 * 50), rel=1e-3)
     est.batch_started(400)
     assert est.running() and est.predicted_wait(0) == pytest.approx(0.2, rel=0.05)
+
+
+def test_openmp_wait_policy_is_passive_unless_the_environment_chose() -> None:
+    """torch's OpenMP threads are told to sleep at once after a region (no spin-wait), unless
+    the operator set a policy (or a spin count) of their own."""
+    env: dict[str, str] = {}
+    set_openmp_wait(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    mine = {"OMP_WAIT_POLICY": "ACTIVE"}
+    set_openmp_wait(mine)
+    assert mine == {"OMP_WAIT_POLICY": "ACTIVE"}

@@ -5,6 +5,9 @@
 | ``mixed`` | the mixed-input bench: limit, closed levels, paired rounds, overload, seed baseline |
 | ``short_inputs`` | short inputs (embeddings, classification): wrk levels, paired with limit (b) |
 | ``storm`` | retry storms (256 clients resending on 503): goodput against capacity, A/B |
+| ``cost`` | CPU per answered input against the backend's in process; one client's CPU, p50 |
+| ``retrieval`` | multi-vector answers, rerankers (cross-encoder, MaxSim), a long input chunked |
+| ``bulk`` | interactive one-input latency alone and beside a bulk indexer (1,000-input requests) |
 
 Each module has ``add_arguments(parser)``, ``finish_arguments(args, results)``, ``run(args)``
 (returns a JSON-friendly dict) and ``table(result)`` (Markdown). Studies built the same way
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from loadtest.workloads import mixed, short_inputs, storm
+from loadtest.workloads import bulk, cost, mixed, retrieval, short_inputs, storm
 
-WORKLOADS: dict[str, ModuleType] = {m.NAME: m for m in (mixed, short_inputs, storm)}
+WORKLOADS: dict[str, ModuleType] = {
+    m.NAME: m for m in (mixed, short_inputs, storm, cost, retrieval, bulk)
+}

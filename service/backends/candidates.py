@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from service.backends import Backend, choice_cache
+from service.backends import Backend, choice_cache, quality
 from service.backends.int8 import CalibrationBatches
 from service.backends.packed import torch_backend
 from service.backends.ranking import (
@@ -78,7 +78,9 @@ class Choice:
     cached: Mapping[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
-        """/info's `backend` object and the `backend_chosen` log line's fields. A reused
+        """/info's `backend` object and the `backend_chosen` log line's fields: the served
+        backend, each candidate's measurements (`Measured.summary`) and `checks`, the checks
+        that ran with their bounds (`service.backends.quality.bounds`). A reused
         choice: the measuring start's object, with this start's `choice_s`, `reused: true` and
         the measuring start's seconds as `measured_s`."""
         if self.cached is not None:
@@ -95,6 +97,9 @@ class Choice:
             "choice_s": round(self.seconds, 2),
             "candidates": [m.summary() for m in self.measured],
         }
+        ran = dict.fromkeys(c for m in self.measured if m.quality for c in m.quality.checks())
+        if ran:
+            out["checks"] = quality.bounds(tuple(ran))
         padded_because = getattr(self.backend, "padded_because", None)
         if self.backend.compute == "padded" and padded_because:
             out["padded_because"] = padded_because
@@ -143,13 +148,19 @@ def choose_backend(
     for m in measured:
         if m.error is not None:
             log.warning("backend_unavailable", backend=m.backend, dtype=m.dtype, reason=m.error)
+        elif m.quality is not None and not m.quality.passes():
+            failed = list(m.quality.failed())
+            log.info("backend_failed_checks", backend=m.backend, dtype=m.dtype, failed=failed)
     if explicit or settings.dtype == "int8":
         served = results[0][1]
         if served is None:
             log.warning("backend_fallback", to="torch float32", reason=measured[0].error)
             served = reference
         elif not measured[0].passed:
-            log.warning("backend_below_quality", backend=served.name, dtype=served.dtype)
+            failed = list(measured[0].quality.failed()) if measured[0].quality else []
+            log.warning(
+                "backend_below_quality", backend=served.name, dtype=served.dtype, failed=failed
+            )
     else:
         best = fastest_passing(measured)
         served = reference if best is None else results[best][1] or reference

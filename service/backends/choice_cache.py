@@ -13,9 +13,10 @@ beside the exported graph (`service.backends.export`: `<model key>` covers the m
 torch's version and the opset), and later starts build those candidates without measuring.
 `<machine key>` covers what else decides a choice: the versions of torch, onnxruntime and
 transformers, the CPU (model name and flags from /proc/cpuinfo), torch's thread count, what
-the engine answers and the pooling modes checked. A change of any of them, or `BACKEND`/`DTYPE` set,
-chooses again; so does a cached choice whose candidate no longer builds. Deleting the file
-chooses again at the next start.
+the engine answers and the pooling modes checked, and the checks with their bounds
+(`service.backends.quality.checks_key`: a choice that passed other checks is not reused).
+A change of any of them, or `BACKEND`/`DTYPE` set, chooses again; so does a cached choice
+whose candidate no longer builds. Deleting the file chooses again at the next start.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 def machine_key(what: str, threads: int) -> str:
     """SHA-256 (first 16 hex digits) of what besides the model decides a choice; `what`:
     what the engine answers and how it pools (the quality check depends on it)."""
+    from service.backends.quality import checks_key
+
     parts = [
         f"format={FORMAT}",
         f"torch={_version('torch')}",
@@ -66,6 +69,7 @@ def machine_key(what: str, threads: int) -> str:
         f"cpu={cpu_identity()}",
         f"threads={threads}",
         f"engine={what}",
+        f"checks={checks_key()}",
     ]
     return hashlib.sha256(";".join(parts).encode()).hexdigest()[:16]
 

@@ -1,13 +1,9 @@
 """Choosing a backend at start: time each candidate, check it against torch float32, serve the
 fastest that keeps the answers. Pure logic over candidates and a clock (tests pass fakes).
 
-The checks, on fixed texts against torch float32's outputs (`service.backends.quality`):
-- embeddings: the pooled vector's cosine to float32's >= `MIN_COSINE` for every text (bfloat16
-  keeps more than 0.9999 on short sentences, so a lower cosine is a broken candidate);
-- classifiers: softmax probabilities within `MAX_PROB_DIFF` (bfloat16 keeps about 3e-4), and
-  the same top label wherever float32's top two differ by more than `TIE` (nearer ties may
-  flip);
-- no non-finite value (a float16 overflow fails here).
+The checks, on fixed texts against torch float32's outputs, one per output kind the engine
+serves, and their bounds are `service.backends.quality`'s; the engine picks those of its
+model (`service.engine.backend_choice`).
 """
 
 from __future__ import annotations
@@ -19,40 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.backends import Backend
-
-MIN_COSINE = 0.9995
-MAX_PROB_DIFF = 1e-3
-TIE = 2e-3
-
-
-@dataclass(frozen=True)
-class Quality:
-    """How close a candidate's answers are to torch float32's on the warm-up texts."""
-
-    finite: bool
-    min_cosine: float | None = None  # embeddings: pooled vectors, lowest over the texts
-    mean_cosine: float | None = None
-    max_prob_diff: float | None = None  # classifiers: largest softmax difference
-    top_label_kept: bool | None = None  # classifiers: wherever float32's top two differ > TIE
-
-    def passes(self) -> bool:
-        if not self.finite:
-            return False
-        if self.min_cosine is not None and self.min_cosine < MIN_COSINE:
-            return False
-        if self.max_prob_diff is not None and self.max_prob_diff > MAX_PROB_DIFF:
-            return False
-        return self.top_label_kept is not False
-
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"finite": self.finite, "passes": self.passes()}
-        for name in ("min_cosine", "mean_cosine", "max_prob_diff"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = round(value, 6) if math.isfinite(value) else None
-        if self.top_label_kept is not None:
-            out["top_label_kept"] = self.top_label_kept
-        return out
+from service.backends.quality import Quality
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ class RoutedBackend:
     def __init__(self, small: Backend, large: Backend, max_tokens: int) -> None:
         self.small, self.large, self.max_tokens = small, large, max_tokens
         self.name, self.dtype, self.compute = large.name, large.dtype, large.compute
+        # batches of at most this many padded tokens run padded though `large` packs
+        self.padded_up_to = max_tokens if small.compute == "padded" else 0
 
     def backend_for(self, padded_tokens: int) -> Backend:
         return self.small if padded_tokens <= self.max_tokens else self.large

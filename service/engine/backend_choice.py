@@ -2,10 +2,13 @@
 checked and timed on the engine's own inputs (`service.backends.candidates`).
 
 The check and the inputs are the engine's: fixed texts tokenized and padded as traffic is
-(`EncoderEngine.prepare_many`, `EncoderEngine.padded`), and embeddings compared after the
-model's own pooling (`service.engine.pooling.pool`; mean for a model that pools none: token
-rows and SPLADE's logits), classifiers on their logits. So what is checked is what is served,
-and the backends layer knows tensors only.
+(`EncoderEngine.prepare_many`, `EncoderEngine.padded`), and every output kind the model serves
+compared with float32's as it is served (`service.backends.quality`, which states the bounds):
+a pooled model's vectors after its own pooling (`service.engine.pooling.pool`) and its token
+rows; token rows (no pooling); a SPLADE model's weights after its own `SpladePooling`
+(`service.engine.pooling.sparse`): top-k indices and dot products; a classifier's
+probabilities and top labels, a reranker's scores (its own activation) and their order. So
+what is checked is what is served, and the backends layer knows tensors only.
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ from typing import Any
 
 from service.backends.candidates import Trial, choose_backend
 from service.backends.int8 import CalibrationBatches
-from service.backends.quality import classifier_quality, vector_quality
-from service.backends.ranking import Compare, Quality
+from service.backends.quality import (
+    Quality,
+    classifier_quality,
+    combined,
+    rows_quality,
+    sparse_quality,
+    vector_quality,
+)
+from service.backends.ranking import Compare
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.pooling.pool import pool
+from service.engine.pooling.sparse import SpladeSpec, splade_pool
 from service.engine.quantization import read_set
 from service.engine.types import Output
 from service.engine.warmup import sample_unit
@@ -55,7 +66,8 @@ def serve_chosen_backend(
     """`engine` (on torch float32, the reference) now computing on the backend BACKEND/DTYPE
     choose, its `info` naming it with every candidate's measurements (/info's `backend`).
     `folder`: the model's weights (None: not local; no ONNX then)."""
-    what = f"{engine.info.output}:{','.join(engine.info.pooling or ())}"
+    info = engine.info
+    what = f"{info.output}:{','.join(info.pooling or ())}:{info.score_activation}"
     choice = choose_backend(settings, engine.pipe, folder, trial(engine, settings), what)
     engine.backend = choice.backend
     engine.info = dataclasses.replace(
@@ -64,24 +76,19 @@ def serve_chosen_backend(
         dtype=choice.backend.dtype,
         backend_summary=MappingProxyType(choice.summary()),
         compute=choice.backend.compute,
+        padded_up_to=int(getattr(choice.backend, "padded_up_to", 0)),
     )
     return engine
 
 
 def trial(engine: EncoderEngine, settings: Settings | None = None) -> Trial:
     """The engine's padded inputs for `TEXTS` (the check) and for 1 to 32 of them (timing),
-    the check of a candidate's output against float32's for this model's output, and (with
-    `settings`) the calibration texts' batches (`calibration_batches`)."""
+    the check of a candidate's output against float32's for this model's output kind, and
+    (with `settings`) the calibration texts' batches (`calibration_batches`)."""
     prepared = [engine.prepare(sample_unit(engine.info, text)) for text in TEXTS]
     quality_inputs = engine.padded(prepared)
     timing = [engine.padded((prepared * 2)[:n]) for n in TIMING_SIZES]
-    compare: Compare = classifier_quality
-    if engine.info.output is not Output.CLASSIFIER:
-        mask, modes = quality_inputs["attention_mask"], engine.info.pooling or ("mean",)
-
-        def compare(reference: Any, output: Any) -> Quality:
-            return embedding_quality(reference, output, mask, modes)
-
+    compare = compare_for(engine, quality_inputs["attention_mask"])
     calibration = calibration_batches(engine, settings.calibration_file) if settings else None
     return Trial(quality_inputs, timing, compare, calibration)
 
@@ -100,6 +107,24 @@ def calibration_batches(engine: EncoderEngine, path: str | None) -> CalibrationB
     return CalibrationBatches(texts.sha256, batches)
 
 
+def compare_for(engine: EncoderEngine, mask: Any) -> Compare:
+    """The check of the model's first output on inputs under `mask` [B, L], by what the model
+    serves (`Output`): pooled vectors and token rows, token rows, SPLADE weights, or scores."""
+    output, info = engine.info.output, engine.info
+    if output is Output.CLASSIFIER:
+        return lambda ref, out: classifier_quality(ref, out, info.score_activation)
+    if output is Output.SPARSE:
+        spec = engine.sentence.splade if engine.sentence is not None else None
+        assert spec is not None  # a SPARSE model has its SpladePooling
+        return lambda ref, out: splade_quality(ref, out, mask, spec)
+    if output is Output.TOKEN_ROWS:
+        return lambda ref, out: rows_quality(ref, out, mask)
+    modes = info.pooling or ("mean",)
+    return lambda ref, out: combined(
+        embedding_quality(ref, out, mask, modes), rows_quality(ref, out, mask)
+    )
+
+
 def sample_inputs(engine: EncoderEngine, n: int = 2) -> Mapping[str, Any]:
     """The engine's padded inputs for the first `n` of `TEXTS` (an ONNX export's example)."""
     return engine.padded([engine.prepare(sample_unit(engine.info, t)) for t in TEXTS[:n]])
@@ -114,3 +139,9 @@ def embedding_quality(reference: Any, output: Any, mask: Any, modes: Sequence[st
         return Quality(finite=False)
     modes = tuple(modes)
     return vector_quality(pool(reference, mask, modes), pool(output, mask, modes))
+
+
+def splade_quality(reference: Any, output: Any, mask: Any, spec: SpladeSpec) -> Quality:
+    """`sparse_quality` of the SPLADE weights [B, V] the MLM logits [B, L, V] under `mask`
+    [B, L] give, pooled as the model's `spec` says."""
+    return sparse_quality(splade_pool(reference, mask, spec), splade_pool(output, mask, spec))

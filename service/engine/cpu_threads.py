@@ -43,3 +43,20 @@ def default_torch_threads(root: Path = _CGROUP) -> int:
     usable = len(os.sched_getaffinity(0))
     quota = cpu_quota(root)
     return max(1, min(usable, math.ceil(quota)) if quota is not None else usable)
+
+
+# OpenMP's wait policy for torch's intra-op threads (libgomp, which the CPU wheels ship). Unset,
+# each thread spins up to ~300,000 iterations after every parallel region before it sleeps, and
+# a forward is dozens of regions: one input alone every 100 ms kept both threads spinning
+# through the forward, so the worker's CPU per request was several times the forward's own
+# (docs/backends.md, Threads). PASSIVE puts them to sleep at once; a region then wakes them
+# (a futex each), a cost that batches amortize. Read when libgomp loads (torch's import), so set
+# in the environment before the worker starts; the environment's own value wins.
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def set_openmp_wait(environ: dict[str, str] | None = None) -> None:
+    """Put :data:`OPENMP_WAIT` into ``environ`` (default ``os.environ``) where it is unset."""
+    target = os.environ if environ is None else environ
+    for name, value in OPENMP_WAIT.items():
+        target.setdefault(name, value)

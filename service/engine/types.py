@@ -97,6 +97,10 @@ class ModelInfo:
     # "packed": batches compute their real tokens only (`service.backends.packed`); "padded":
     # inputs x the longest. The batch policy and its cost model count tokens this way.
     compute: str = "padded"
+    # Batches of at most this many padded tokens (inputs x the longest) run padded even when
+    # `compute` is "packed": the small-batch backend of a route that pads
+    # (`service.backends.routed`); 0: none.
+    padded_up_to: int = 0
 
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""

@@ -1,6 +1,6 @@
 """Batch selection: the padded partition is optimal, packed batches take the oldest, bounds
 hold (MAX_BATCH_SIZE, MAX_BATCH_TOKENS in the tokens a batch computes), nothing starves, and
-bulk requests yield to interactive ones."""
+bulk requests yield to interactive ones, by slices while interactive traffic is recent."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from service.engine.batching.policy import (
     BULK_WINDOW,
     MAX_PASSES,
     best_run,
+    bulk_slice,
+    bulk_slice_tokens,
     computed_tokens,
     next_batch,
     next_must,
@@ -248,3 +250,38 @@ def test_bulk_waits_behind_interactive_but_is_forced_when_alone() -> None:
     small = Queued("small", 5, enqueued_at=3.0)
     assert next_must([starving, small], now=0.0, urgent_s=0.0, max_size=8)[1] is small
     assert next_must([starving], now=0.0, urgent_s=0.0, max_size=8)[1] is starving
+
+
+def test_a_bulk_slice_takes_the_oldest_inputs_that_fit_its_computed_tokens() -> None:
+    """Packed: their sum; padded: their number x the longest; the first always goes."""
+    bulk = [Queued(f"b{i}", n, bulk=True) for i, n in enumerate([100, 50, 300, 20, 20])]
+    assert [q.name for q in bulk_slice(bulk, 450, packed=True)] == ["b0", "b1", "b2"]
+    assert [q.name for q in bulk_slice(bulk, 449, packed=True)] == ["b0", "b1"]
+    assert [q.name for q in bulk_slice(bulk, 899, packed=False)] == ["b0", "b1"]  # 3 x 300
+    assert [q.name for q in bulk_slice(bulk, 900, packed=False)] == ["b0", "b1", "b2"]
+    assert [q.name for q in bulk_slice(bulk, 10, packed=True)] == ["b0"]
+    assert bulk_slice([], 10, packed=True) == []
+
+
+def test_a_bulk_slice_takes_the_slice_time_by_the_cost_model() -> None:
+    # 10 ms at 10 us a token, less a 50-token fixed cost: 950 tokens.
+    assert bulk_slice_tokens(slice_s=0.010, sec_per_token=1e-5, overhead_tokens=50) == 950
+    # A machine 100x slower: 10 ms buys nothing past the fixed cost (a slice of one input).
+    assert bulk_slice_tokens(slice_s=0.010, sec_per_token=1e-3, overhead_tokens=64) == 0
+    assert bulk_slice_tokens(slice_s=0.050, sec_per_token=1e-4, overhead_tokens=64) == 436
+
+
+def test_with_a_slice_interactive_inputs_run_alone_and_bulk_in_slices() -> None:
+    bulk = [Queued(f"b{i}", 100, bulk=True) for i in range(1000)]
+    late = Queued("interactive", 40, enqueued_at=1.0)
+    candidates, must = next_must(
+        [*bulk, late], now=0.0, urgent_s=0.0, max_size=32, bulk_tokens=950, packed=True
+    )
+    assert [q.name for q in candidates] == ["interactive"] and must is None
+    candidates, must = next_must(bulk, now=0.0, urgent_s=0.0, max_size=32, bulk_tokens=950)
+    assert [q.name for q in candidates] == [f"b{i}" for i in range(9)]  # 9 x 100 <= 950
+    # Without interactive inputs waiting, a starving bulk input outside the slice cannot be
+    # forced into it: the slice's oldest are the forced ones in arrival order.
+    bulk[0].passed_over = MAX_PASSES
+    candidates, must = next_must(bulk, now=0.0, urgent_s=0.0, max_size=32, bulk_tokens=250)
+    assert [q.name for q in candidates] == ["b0", "b1"] and must is bulk[0]

@@ -150,3 +150,26 @@ def test_padded_batches_hold_max_batch_tokens_padded_tokens(
     assert sorted(n for x in engine.batches for n in x) == [10, 30, 30]
     assert [30, 30] in engine.batches  # 60 padded tokens: at the budget, it runs
     same_as_alone(engine, queued)
+
+
+def test_a_batch_small_enough_for_a_padding_route_counts_its_padded_tokens(
+    packed_batcher: tuple[Batcher, Recording],
+) -> None:
+    """Behind a route whose small-batch backend pads (`ModelInfo.padded_up_to`), a batch of
+    at most that many padded tokens computes inputs x the longest; a larger one its real
+    tokens. The cost model and the metrics count them so."""
+    from prometheus_client import REGISTRY
+
+    def computed() -> float:
+        return REGISTRY.get_sample_value("pipeline_server_batch_computed_tokens_sum") or 0.0
+
+    b, engine = packed_batcher
+    b.runner.padded_up_to = 40
+    before = computed()
+    seen = []
+    for lengths in ([10, 30], [4, 10]):  # 60 padded: packed, 40; 20 padded: runs padded, 20
+        run_behind_a_held_batch(b, engine, lengths)
+        seen += engine.batches
+        engine.batches.clear()
+    assert seen == [[10, 30], [4, 10]]
+    assert computed() - before == 9 + 40 + 9 + 20  # the blockers (9 tokens) alone, and these

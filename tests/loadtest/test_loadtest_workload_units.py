@@ -21,7 +21,7 @@ from loadtest import corpus, proc, servers
 from loadtest.bench import parse_args
 from loadtest.experiments import burst, cpu_split, memory, pyspy, zero_shot
 from loadtest.experiments.bench import WORKLOADS as STUDIES
-from loadtest.workloads import WORKLOADS, short_inputs, storm, storm_kinds
+from loadtest.workloads import WORKLOADS, bulk, cost, short_inputs, storm, storm_kinds
 
 
 def test_short_inputs_are_8_to_100_tokens_about_42_mean(embedded_model: Path) -> None:
@@ -199,7 +199,7 @@ def test_storm_input_is_three_sentences() -> None:
 
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
-    assert list(WORKLOADS) == ["mixed", "short_inputs", "storm"]
+    assert list(WORKLOADS) == ["mixed", "short_inputs", "storm", "cost", "retrieval", "bulk"]
     assert list(STUDIES) == ["cpu", "profile", "burst", "memory", "zero_shot", "pooled"]
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
     assert args.only == ["storm", "short_inputs"] and args.storm_rounds == 2
@@ -430,12 +430,18 @@ def test_limit_worker_replays_a_classifier_on_short_inputs(tmp_path: Path) -> No
     with (tmp_path / "worker.log").open("wb") as log:
         worker = LimitWorker(16, REPO_ROOT, log, input_set="short", model_id=str(folder))
         try:
-            rate = worker.ask(op="b", batch_size=8)["inputs_per_s"]
+            b = worker.ask(op="b", batch_size=8)
             small = worker.ask(op="replay", shapes=[[1, 8]])["seconds"]
             large = worker.ask(op="replay", shapes=[[16, 64], [16, 64]])["seconds"]
+            calls = worker.ask(op="engine_calls", text="A short input.", n=5)
         finally:
             worker.close()
-    assert 0 < rate < 100_000 and 0 < small < large
+    assert 0 < b["inputs_per_s"] < 100_000 and 0 < small < large
+    # CPU seconds of the worker's own threads meanwhile: some, and at most its 2 cores' worth
+    # of the pass's wall time (16 inputs at the measured rate)
+    assert 0 < b["cpu_s"] <= 2 * 16 / b["inputs_per_s"] + 0.05
+    assert len(calls["ms"]) == 5 and all(ms > 0 for ms in calls["ms"])
+    assert 0 < calls["cpu_s"] <= 2 * sum(calls["ms"]) / 1000 + 0.05
 
 
 def test_zero_shot_slope_and_body() -> None:
@@ -453,3 +459,81 @@ def test_storm_goodput_is_judged_against_the_capacity_before_and_after() -> None
     assert judged["goodput_over_capacity"] == 0.9
     assert judged["capacity"] == {"ok_per_s": 80.0}
     assert judged["capacity_after"] == {"ok_per_s": 120.0}
+
+
+def test_bulk_reads_the_batches_make_up_and_the_medians_of_rounds() -> None:
+    batches = [
+        {"size": 10, "bulk": 9, "inference_ms": 12.0},  # one interactive input beside 9 bulk
+        {"size": 2, "bulk": 0, "inference_ms": 3.0},
+        {"size": 32, "bulk": 32, "inference_ms": 40.0},
+        {"size": 16, "bulk": 16, "inference_ms": 20.0},
+    ]
+    mix = bulk.batch_mix(batches)
+    assert mix["batches"] == 4 and mix["with_interactive"] == 2 and mix["bulk_inputs"] == 57
+    assert mix["bulk_beside_interactive_mean"] == 4.5 and mix["bulk_beside_interactive_max"] == 9
+    assert mix["interactive_batch_ms_p50"] == 7.5 and mix["bulk_batch_ms_max"] == 40.0
+    assert mix["bulk_batch_size_p50"] == 24.0
+
+    def point(chunk: int, p99: float, **more: Any) -> dict[str, Any]:
+        base = {"chunk": chunk, "p50_ms": 10.0, "p95_ms": 15.0, "p99_ms": p99, "non_200": 0}
+        return {**base, "round": 1, "max_ms": p99, "batches": bulk.batch_mix(batches), **more}
+
+    nan = float("nan")
+    rounds = [
+        point(0, 20.0),
+        point(1000, 50.0, bulk_inputs_per_s=300.0, indexer_non_200=1),
+        point(1000, nan, bulk_inputs_per_s=500.0, indexer_non_200=0, interactive=False),
+        point(0, 30.0),
+        point(1000, 70.0, bulk_inputs_per_s=400.0, indexer_non_200=0),
+        point(1000, nan, bulk_inputs_per_s=540.0, indexer_non_200=2, interactive=False),
+    ]
+    s = bulk.summarize(rounds, [1000])
+    assert s["alone"]["p99_ms"] == 25.0
+    assert s["1000"]["p99_ms"] == 60.0 and s["1000"]["p99_ratio"] == 2.4
+    assert s["1000"]["bulk_inputs_per_s"] == 350.0 and s["1000"]["bulk_alone_inputs_per_s"] == 520
+    assert s["1000"]["indexer_non_200"] == 3
+    assert "**2.40x** alone" in bulk.table({**_bulk_result(), "rounds": rounds, "summary": s})
+    args = parse_args(["--only", "bulk", "--quick", "--bulk-chunks", "1000,2048"])
+    assert args.bulk_seconds == 10.0 and args.bulk_rounds == 2 and args.bulk_chunks == [1000, 2048]
+
+
+def _bulk_result() -> dict[str, Any]:
+    """The head of a bulk result, as ``bulk.run`` writes it."""
+    return {"model": "m", "backend": "torch", "clients": 4, "rate_per_s": 20.0, "seconds": 1.0}
+
+
+def test_cost_divides_each_point_by_the_references_around_it() -> None:
+    """A point's CPU and throughput ratios use the mean of the references before and after;
+    the summary takes medians over rounds, and the table says which goals are met."""
+    point = {**_point(ok_per_s=90.0), "tree_cpu_ms_per_input": 12.0}
+    got = cost._against(
+        point,
+        {"inputs_per_s": 100.0, "cpu_ms_per_input": 10.0},
+        {"inputs_per_s": 110.0, "cpu_ms_per_input": 14.0},
+    )
+    assert got["cpu_ratio"] == pytest.approx(1.0) and got["reference_cpu_ms_per_input"] == 12.0
+    assert got["throughput_ratio"] == pytest.approx(90 / 105)
+    assert got["reference_drift"] == pytest.approx(1.1)
+    rounds = [{32: {**got, "cpu_ratio": x, "loop_ms_per_request": 0.1}} for x in (1.3, 1.1, 1.2)]
+    one = {"p50_ms": 7.0, "p99_ms": 9.0, "tree_cpu_ms_per_request": 9.0}
+    ones = [
+        {
+            **one,
+            "reference_p50_ms": 5.5,
+            "reference_cpu_ms_per_call": 6.0,
+            "cpu_ratio": 1.5,
+            "p50_over_ms": 1.5,
+        }
+    ]
+    cases = {
+        "default": {"rounds": rounds, "one_client": ones},
+        "torch-float32": {"rounds": [{32: {**got, "ok_per_s": 45.0}}], "one_client": ones},
+    }
+    summary = cost.summarize(cases)
+    assert summary["default"]["cpu_ratio_at_32"] == 1.2
+    assert summary["default_over_torch_float32"]["ok_per_s_at_32"] == 2.0
+    text = cost.table({"inputs": 10, "cases": cases, "summary": summary})
+    assert "CPU ratio 1.20 (misses <= 1.15)" in text
+    assert "loop ms/request 0.10 (meets <= 0.15)" in text
+    assert "call in process 1.50 (meets <= 1.5); p50 7.0 ms, ms over the call's 1.50" in text
+    assert "| default | 32 | 0 | 90.0 | 0.86 | 12.00 | 12.00 | 1.30 | 0.100 |" in text

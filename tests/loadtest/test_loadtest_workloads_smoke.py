@@ -12,7 +12,7 @@ import pytest
 from loadtest.bench import parse_args
 from loadtest.experiments import burst, memory, pooled, zero_shot
 from loadtest.experiments.bench import WORKLOADS as STUDIES
-from loadtest.workloads import storm
+from loadtest.workloads import retrieval, storm
 
 pytestmark = [
     pytest.mark.loadtest,
@@ -82,3 +82,37 @@ def test_pooled_answers_beside_token_rows(tmp_path: Path) -> None:
         assert set(points) == {1, 4} and all(set(p["statuses"]) <= {200} for p in points.values())
         assert sum(p["requests"] for p in points.values()) > 0  # answered within the windows
     assert "| 4 |" in pooled.table(res)
+
+
+def test_retrieval_weighs_answers_and_chunks_the_long_document(tmp_path: Path) -> None:
+    extra = ["--retrieval-parts", "embeddings,long", "--retrieval-levels", "2"]
+    extra += [
+        "--retrieval-seconds",
+        "1",
+        "--retrieval-inputs",
+        "4",
+        "--retrieval-bytes-inputs",
+        "4",
+    ]
+    res = retrieval.run(
+        _args(tmp_path, "--only", "retrieval", *extra, "--retrieval-long-repeats", "1")
+    )
+    pooled, multi = res["embeddings"]["pooled"], res["embeddings"]["multi-vector"]
+    for input_type in ("query", "document"):
+        # no skiplist, no expansion: a vector per token, [CLS] and [SEP] included
+        tokens = res["inputs"][input_type]["tokens_mean"]
+        assert multi[input_type]["vectors_per_input"] == tokens
+        assert pooled[input_type]["vectors_per_input"] == 1
+        # JSON: about the same bytes a float, so the answers weigh as their floats
+        floats = tokens * 128 / 384
+        got, one = multi[input_type]["bytes_per_answer"], pooled[input_type]["bytes_per_answer"]
+        assert got == pytest.approx(one * floats, rel=0.2)
+        assert set(multi[input_type]["levels"]) == {2}
+    assert multi["dimension"] == 128 and pooled["dimension"] == 384
+    long = res["long"]
+    assert long["limit"] == 256 and long["tokens"] >= 2000
+    windows = -(-(long["tokens"] - 2) // 254)  # the text's tokens in windows of 256 - 2
+    assert long["modes"]["chunk"]["pipeline_inputs"] == windows == 8
+    assert long["modes"]["truncate"]["pipeline_inputs"] == 1
+    assert long["modes"]["chunk"]["server_ms"] > 0 and 0.3 < long["cosine"] < 0.99
+    assert "| chunk |" in retrieval.table(res)

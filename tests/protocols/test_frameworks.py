@@ -21,7 +21,7 @@ import pytest
 from helpers import ServerProcess
 from sentence_transformers import SentenceTransformer
 
-from service.backends.ranking import MIN_COSINE
+from service.backends.quality import MIN_COSINE
 from service.engine.loading import EMBEDDED_MODEL_NAME
 
 pytestmark = pytest.mark.server

@@ -141,6 +141,7 @@ class Batcher:
         loaded_s = time.monotonic() - started
         self.info = engine.info
         self.forming.packed = self.runner.packed = engine.info.compute == "packed"
+        self.runner.padded_up_to = engine.info.padded_up_to
         metrics.MODEL_LOAD_SECONDS.set(loaded_s)
         metrics.TORCH_THREADS.set(engine.info.torch_threads)
         log.info("model_ready", **engine.info.ready_fields(loaded_s))
@@ -153,7 +154,7 @@ class Batcher:
     def _step(self, engine: Engine) -> None:
         self.heartbeat = time.monotonic()
         forming = self.forming
-        forming.admit(engine, self.queue.take_new(0 if forming.pool else _IDLE_WAKE_S))
+        forming.admit(engine, self.queue.take_new(0 if forming.waiting else _IDLE_WAKE_S))
         if self.drain_deadline is not None and time.monotonic() >= self.drain_deadline:
             forming.fail_pool(lambda: Draining("drain time is over", retry_after_s=5))
             return

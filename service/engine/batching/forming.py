@@ -16,8 +16,16 @@ import structlog
 
 from service import metrics
 from service.engine.batching import parts
+from service.engine.batching.backlog import Backlog
 from service.engine.batching.cost import ServiceTimeEstimate
-from service.engine.batching.policy import next_batch, next_must
+from service.engine.batching.policy import (
+    BULK_WINDOW,
+    IDLE_SLICES,
+    INTERACTIVE_RECENT_S,
+    bulk_slice_tokens,
+    next_batch,
+    next_must,
+)
 from service.engine.batching.queue import Item, WorkQueue
 from service.engine.batching.running import LastBatch
 from service.engine.jobs import NO_FORWARD
@@ -41,13 +49,26 @@ class BatchFormer:
         self.queue = queue
         self.estimate = estimate
         self.pool: list[Item] = []  # prepared, in arrival order
+        self.backlog = Backlog()  # bulk inputs not tokenized yet (`backlog`)
         self.packed = False  # the forward computes real tokens only (`ModelInfo.compute`)
+        self.interactive_at = float("-inf")  # when an interactive input last arrived (monotonic)
+
+    @property
+    def waiting(self) -> bool:
+        """Inputs wait for a batch: pooled, or bulk ones held untokenized."""
+        return bool(self.pool) or bool(self.backlog)
 
     def admit(self, engine: Engine, items: list[Item]) -> None:
         """Drop the cancelled and expired, tokenize the rest (exact length checks; one
         `prepare_many` call for all that arrived) into the pool; tokenize and decode are
         answered here (no forward); an input made into parts (a long input's windows) enters
-        as its parts (`service.engine.batching.parts`)."""
+        as its parts (`service.engine.batching.parts`). Bulk inputs wait in the backlog and
+        join at most one batch's worth a call (`service.engine.batching.backlog`)."""
+        if any(not item.bulk for item in items):
+            self.interactive_at = time.monotonic()
+        size = self.settings.max_batch_size
+        pooled = sum(1 for i in self.pool if i.bulk)
+        items = self.backlog.hold(items) + self.backlog.next(pooled, BULK_WINDOW * size, size)
         live: list[Item] = []
         gone: list[Item] = []
         for item in items:
@@ -84,6 +105,8 @@ class BatchFormer:
 
     def next_batch(self, engine: Engine, last: LastBatch) -> list[Item]:
         """The inputs to run now, taken out of the pool (empty when none is left to run)."""
+        if not self.pool:
+            self.admit(engine, [])  # bulk inputs from the backlog, if any
         if not self.pool:
             return []
         self.await_answered_clients(engine, last)
@@ -153,13 +176,19 @@ class BatchFormer:
         """The next batch from the pool (`service.engine.batching.policy`: padding-aware, or
         the oldest when the forward is packed), with any input passed over MAX_PASSES times or
         whose deadline is within 4 x `last_s`, and while bulk inputs wait, the oldest
-        interactive one (`next_must`). Units of every op and parameter set share batches:
-        parameters only change each unit's own tokenization and answer, never the forward."""
+        interactive one (`next_must`); while interactive traffic is recent, interactive inputs
+        alone or a slice of bulk inputs, else at most IDLE_SLICES slices (`policy.bulk_slice`).
+        Units of every op and parameter set share batches: parameters only change each unit's
+        own tokenization and answer, never the forward."""
+        now = time.monotonic()
+        recent = now - self.interactive_at < INTERACTIVE_RECENT_S
         candidates, must = next_must(
             self.pool,
-            now=time.monotonic(),
+            now=now,
             urgent_s=4 * last_s,
             max_size=self.settings.max_batch_size,
+            bulk_tokens=_bulk_tokens(self.settings, self.estimate, recent=recent),
+            packed=self.packed,
         )
         picked = next_batch(
             [i.tokens for i in candidates],
@@ -195,13 +224,27 @@ class BatchFormer:
         self.queue.release(batch)
 
     def fail_pool(self, error: Callable[[], BaseException]) -> None:
-        """Answer every pooled input with a new `error()`."""
-        pool, self.pool = self.pool, []
+        """Answer every pooled input, and every one in the backlog, with a new `error()`."""
+        pool, self.pool = self.pool + self.backlog.drain(), []
         for item in pool:
             item.fail(error())
         self.queue.release(pool)
 
     def fail_all(self, error: Callable[[], BaseException]) -> None:
-        """Answer the pool and everything still queued (not yet tokenized) alike."""
+        """Answer the pool, the backlog and everything still queued alike."""
         self.pool.extend(self.queue.take_new(0))
         self.fail_pool(error)
+
+
+def _bulk_tokens(settings: Settings, estimate: ServiceTimeEstimate, *, recent: bool) -> int | None:
+    """The computed tokens of bulk inputs a batch may hold: one slice of BULK_SLICE_MS while
+    interactive traffic is `recent`, IDLE_SLICES slices otherwise, None when slicing is off
+    (`policy.bulk_slice_tokens`)."""
+    if not settings.bulk_slice_ms:
+        return None
+    slice_s = settings.bulk_slice_ms / 1000 * (1 if recent else IDLE_SLICES)
+    return bulk_slice_tokens(
+        slice_s=slice_s,
+        sec_per_token=estimate.sec_per_token,
+        overhead_tokens=estimate.overhead_tokens,
+    )

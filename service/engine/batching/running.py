@@ -44,6 +44,7 @@ class BatchRunner:
         self.started_at: float | None = None
         self.running: list[Item] = []
         self.packed = False  # the forward computes real tokens only (`ModelInfo.compute`)
+        self.padded_up_to = 0  # ... except batches this small (`ModelInfo.padded_up_to`)
 
     def run(self, engine: Engine, batch: list[Item]) -> None:
         """Compute `batch` (already out of the pool) and resolve each input's future; inputs
@@ -56,7 +57,9 @@ class BatchRunner:
         for item in live:
             metrics.QUEUE_WAIT.observe(now - item.enqueued_at)
         self.started_at = now
-        computed = computed_tokens([i.tokens for i in live], packed=self.packed)
+        tokens = [i.tokens for i in live]
+        padded = computed_tokens(tokens, packed=False)
+        computed = computed_tokens(tokens, packed=self.packed and padded > self.padded_up_to)
         self.estimate.batch_started(computed)
         self.running = live
         try:
@@ -103,11 +106,13 @@ class BatchRunner:
         padded = computed_tokens(tokens, packed=False)  # the batch's shape, B x L
         metrics.BATCH_SIZE.observe(len(live))
         metrics.BATCH_TOKENS.observe(padded)
-        metrics.PADDING_EFFICIENCY.observe(sum(tokens) / padded)
+        metrics.BATCH_COMPUTED_TOKENS.observe(computed)
+        metrics.PADDING_EFFICIENCY.observe(sum(tokens) / max(computed, 1))
         metrics.INFERENCE_SECONDS.observe(took)
         metrics.INPUTS.labels("answered").inc(len(live))
         fields = {
             "size": len(live),
+            "bulk": sum(1 for i in live if i.bulk),  # inputs of bulk requests among them
             "tokens": sum(tokens),
             "padded_tokens": padded,
             "computed_tokens": computed,

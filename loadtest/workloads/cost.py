@@ -1,0 +1,350 @@
+"""Serving cost: the server's CPU per answered input against its backend's own, in process.
+
+``python -m loadtest.bench --only cost`` (about 8 minutes; ``--quick`` about 3). On the short
+corpus (2,000 inputs, about 42 tokens), one JSON input a request on ``POST /``, for the default
+server and ``BACKEND=torch DTYPE=float32`` side by side in one run. Each round of each case:
+
+1. the reference: the same backend in process (``loadtest.limit``: tokenizer + model + mean
+   pooling, length-sorted batches of 32, the server's threads), its CPU-seconds per input and
+   inputs/s, while the server idles;
+2. wrk at 32 and 128 clients: the server's whole process tree's CPU-seconds (gunicorn's master
+   and its worker, all threads, from /proc) per answered input, its inputs/s, and the event
+   loop's CPU per request (the worker's loop thread alone);
+3. the reference again. Each point is divided by the mean of the references around it (a
+   machine's speed drifts within minutes; the server idles at about no CPU meanwhile).
+
+Then one client at 10 requests/s (open loop, one 14-token input, one connection): the server's
+CPU per request and its p50, against the same input on onnxruntime float32 in process (batch
+of one, the server's own path, threads not spinning): its CPU and p50 per call. Medians of the
+rounds. Goals: CPU per answered input / the reference's <= 1.15 at 32 clients and <= 1.1 at
+128; inputs/s >= 0.85 of the reference's; the loop <= 0.15 ms per request; one client's CPU
+<= 1.5x and p50 within 2 ms of the in-process call's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]  # no stubs unless types-psutil
+
+from loadtest import client, corpus, proc, servers, wrk
+from loadtest import limit as limit_mod
+from loadtest.workloads import common
+
+NAME = "cost"
+GOALS = {32: 1.15, 128: 1.1}
+THROUGHPUT_GOAL = 0.85
+LOOP_GOAL_MS = 0.15
+ONE_CPU_GOAL = 1.5
+ONE_P50_GOAL_MS = 2.0
+ONE_RATE = 10.0
+# The one-client input: 14 tokens with the embedded model's special tokens.
+ONE_TEXT = "The quick brown fox jumps over the lazy dog near the river."
+REFERENCE_BATCH = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """A server's settings (on top of ``--env``) and its name in the tables."""
+
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+CASES = {
+    "default": Case("default"),
+    "torch-float32": Case("torch-float32", {"BACKEND": "torch", "DTYPE": "float32"}),
+}
+
+
+def add_arguments(p: argparse._ArgumentGroup) -> None:
+    p.add_argument("--cost-cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
+    p.add_argument("--cost-levels", default="32,128", help="wrk connections")
+    p.add_argument("--cost-rounds", type=int, help="rounds per case (default 3, quick 1)")
+    p.add_argument("--cost-seconds", type=float, help="seconds per point (default 8, quick 4)")
+    p.add_argument("--cost-one-seconds", type=float, help="one client (default 20, quick 8)")
+
+
+def finish_arguments(args: argparse.Namespace, results: Path) -> None:
+    q = args.quick
+    args.cost_cases = args.cost_cases.split(",")
+    args.cost_levels = common.ints(args.cost_levels)
+    args.cost_rounds = args.cost_rounds or (1 if q else 3)
+    args.cost_seconds = args.cost_seconds or (4.0 if q else 8.0)
+    args.cost_one_seconds = args.cost_one_seconds or (8.0 if q else 20.0)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) of process ``pid`` and its descendants."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # exited between listing and reading
+            continue
+        total += t.user + t.system
+    return float(total)
+
+
+def reference(worker: limit_mod.LimitWorker, n: int) -> dict[str, float]:
+    """One whole pass of the in-process reference: inputs/s and CPU ms per input."""
+    got = worker.ask(op="b", batch_size=REFERENCE_BATCH, pooling="mean")
+    rate = float(got["inputs_per_s"])
+    return {"inputs_per_s": rate, "cpu_ms_per_input": 1000 * float(got["cpu_s"]) / n}
+
+
+def server_point(
+    srv: servers.Served, bodies: list[bytes], n: int, seconds: float, names: dict[int, str]
+) -> dict[str, Any]:
+    """wrk with ``n`` connections: throughput, latency, the tree's CPU per answered input and
+    the loop's per request."""
+    window = proc.CpuWindow(srv.worker_pid, names)
+    before = tree_cpu_s(srv.master_pid)
+    window.start()
+    res = wrk.run(srv.base + "/", bodies, n, seconds)
+    split = window.stop()
+    tree_s = tree_cpu_s(srv.master_pid) - before
+    return {
+        **res.summary(),
+        **split.summary(res.requests, res.ok),
+        "tree_cpu_ms_per_input": 1000 * tree_s / max(1, res.ok),
+    }
+
+
+def one_client(srv: servers.Served, seconds: float) -> dict[str, Any]:
+    """One connection, open loop at ``ONE_RATE``/s on ``ONE_TEXT``: p50 and the tree's CPU
+    per answered request (what a quiet pod is billed for, idle time included)."""
+    req = client.Request("POST", "/", common.json_body(ONE_TEXT), (("Content-Type", common.JSON),))
+    before = tree_cpu_s(srv.master_pid)
+    got = client.run(client.open_loop(srv.base, [req], ONE_RATE, seconds, max_in_flight=1))
+    tree_s = tree_cpu_s(srv.master_pid) - before
+    summary = got.summary()
+    ok = int(summary["statuses"].get(200, 0))  # type: ignore[union-attr]
+    return {
+        "p50_ms": summary["p50_ms"],
+        "p99_ms": summary["p99_ms"],
+        "answered": ok,
+        "requests": summary["requests"],
+        "tree_cpu_ms_per_request": 1000 * tree_s / max(1, ok),
+    }
+
+
+def one_reference(worker: limit_mod.LimitWorker, n: int) -> dict[str, float]:
+    """``ONE_TEXT`` ``n`` times in process, alone: p50 ms and CPU ms per call."""
+    got = worker.ask(op="engine_calls", text=ONE_TEXT, n=n)
+    calls = got["ms"][1:]  # the first after an idle spell wakes the pools
+    return {
+        "p50_ms": statistics.median(calls),
+        "cpu_ms_per_call": 1000 * float(got["cpu_s"]) / n,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    wrk.executable()  # fail now, with the install line, if wrk is missing
+    texts = corpus.short_inputs(2000)
+    out: dict[str, Any] = {"inputs": len(texts), "cases": {}}
+    log = args.results / f"{NAME}-onnx-float32-limit-worker.log"
+    onnx_env = common.server_env(args, BACKEND="onnx", DTYPE="float32")
+    with log.open("wb") as sink:
+        onnx = limit_mod.LimitWorker(
+            len(texts), servers.REPO_ROOT, sink, input_set="short", env=onnx_env
+        )
+        try:
+            for name in args.cost_cases:
+                print(f"{NAME}: {name}", flush=True)
+                out["cases"][name] = run_case(CASES[name], texts, onnx, args)
+        finally:
+            onnx.close()
+    out["summary"] = summarize(out["cases"])
+    return out
+
+
+def run_case(
+    case: Case, texts: list[str], onnx: limit_mod.LimitWorker, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Rounds of reference, levels, reference; then one client against onnxruntime's call."""
+    env = common.server_env(args, **case.env)
+    log = args.results / f"{NAME}-{case.name}-limit-worker.log"
+    bodies = [common.json_body(t) for t in texts]
+    n = len(texts)
+    with log.open("wb") as sink:
+        worker = limit_mod.LimitWorker(n, servers.REPO_ROOT, sink, input_set="short", env=env)
+        try:
+            with servers.pipeline_server(env, args.results / f"{NAME}-{case.name}.log") as srv:
+                res: dict[str, Any] = {"backend": worker.ask(op="backend"), "rounds": []}
+                names = common.thread_names(srv)
+                wrk.run(srv.base + "/", bodies, 8, 2)  # warm up
+                ref = reference(worker, n)
+                for r in range(args.cost_rounds):
+                    points = {}
+                    for level in args.cost_levels:
+                        got = server_point(srv, bodies, level, args.cost_seconds, names)
+                        after = reference(worker, n)
+                        points[level] = _against(got, ref, after)
+                        ref = after
+                        _print_point(r, level, points[level])
+                    res["rounds"].append(points)
+                res["one_client"] = _one_rounds(srv, onnx, args)
+        finally:
+            worker.close()
+    return res
+
+
+def _against(
+    point: dict[str, Any], before: dict[str, float], after: dict[str, float]
+) -> dict[str, Any]:
+    """A server point over the mean of the references measured just before and after it."""
+    ref_cpu = (before["cpu_ms_per_input"] + after["cpu_ms_per_input"]) / 2
+    ref_rate = (before["inputs_per_s"] + after["inputs_per_s"]) / 2
+    return {
+        **point,
+        "reference_cpu_ms_per_input": ref_cpu,
+        "reference_inputs_per_s": ref_rate,
+        "reference_drift": after["inputs_per_s"] / before["inputs_per_s"],
+        "cpu_ratio": point["tree_cpu_ms_per_input"] / ref_cpu,
+        "throughput_ratio": point["ok_per_s"] / ref_rate,
+    }
+
+
+def _one_rounds(
+    srv: servers.Served, onnx: limit_mod.LimitWorker, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """One client against onnxruntime float32's call in process, in turn, each round."""
+    calls = max(20, int(ONE_RATE * args.cost_one_seconds / 2))
+    out = []
+    for _ in range(args.cost_rounds):
+        before = one_reference(onnx, calls)
+        served = one_client(srv, args.cost_one_seconds)
+        after = one_reference(onnx, calls)
+        ref_cpu = (before["cpu_ms_per_call"] + after["cpu_ms_per_call"]) / 2
+        ref_p50 = (before["p50_ms"] + after["p50_ms"]) / 2
+        point = {
+            **served,
+            "reference_cpu_ms_per_call": ref_cpu,
+            "reference_p50_ms": ref_p50,
+            "cpu_ratio": served["tree_cpu_ms_per_request"] / ref_cpu,
+            "p50_over_ms": served["p50_ms"] - ref_p50,
+        }
+        print(
+            f"  one client at {ONE_RATE:g}/s: p50 {point['p50_ms']:.1f} ms (in process "
+            f"{ref_p50:.1f}), CPU {point['tree_cpu_ms_per_request']:.2f} ms/request (in process "
+            f"{ref_cpu:.2f}): {point['cpu_ratio']:.2f}x",
+            flush=True,
+        )
+        out.append(point)
+    return out
+
+
+def _print_point(r: int, level: int, p: dict[str, Any]) -> None:
+    print(
+        f"  round {r} {level:>3} clients: {p['ok_per_s']:.1f}/s ({p['throughput_ratio']:.2f} of "
+        f"in process), CPU {p['tree_cpu_ms_per_input']:.2f} ms/input against "
+        f"{p['reference_cpu_ms_per_input']:.2f} ({p['cpu_ratio']:.2f}x), loop "
+        f"{p['loop_ms_per_request']:.3f} ms/request",
+        flush=True,
+    )
+
+
+def summarize(cases: dict[str, Any]) -> dict[str, Any]:
+    """Medians over rounds per case and level, and the default server over torch float32's."""
+    out: dict[str, Any] = {}
+    for name, res in cases.items():
+        s: dict[str, float] = {}
+        levels = res["rounds"][0].keys() if res["rounds"] else []
+        for level in levels:
+            pts = [rnd[level] for rnd in res["rounds"]]
+            for key in ("cpu_ratio", "throughput_ratio", "loop_ms_per_request", "ok_per_s"):
+                s[f"{key}_at_{level}"] = common.median(p[key] for p in pts)
+            s[f"reference_inputs_per_s_at_{level}"] = common.median(
+                p["reference_inputs_per_s"] for p in pts
+            )
+        ones = res.get("one_client", [])
+        for key in ("cpu_ratio", "p50_over_ms", "p50_ms", "reference_p50_ms"):
+            s[f"one_{key}"] = common.median(p[key] for p in ones)
+        out[name] = s
+    if {"default", "torch-float32"} <= cases.keys():
+        d, t = out["default"], out["torch-float32"]
+        for key in d:
+            if key.startswith(("ok_per_s_at_", "reference_inputs_per_s_at_")):
+                out.setdefault("default_over_torch_float32", {})[key] = d[key] / t[key]
+    return out
+
+
+def _ratio_cell(value: float, goal: float, at_most: bool = True) -> str:
+    met = value <= goal if at_most else value >= goal
+    return f"{value:.2f} ({'meets' if met else 'misses'} {'<=' if at_most else '>='} {goal:g})"
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        f"Serving cost: short corpus ({result['inputs']} inputs), one JSON input a request; "
+        "CPU ms per answered input (server's process tree) against the same backend in process "
+        f"(length-sorted batches of {REFERENCE_BATCH}, the mean of the references before and "
+        "after each point).",
+        "",
+        "| case | clients | round | inputs/s | of in process | CPU ms/input | in process "
+        "| CPU ratio | loop ms/req | p50 ms | p99 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, res in result["cases"].items():
+        for r, points in enumerate(res["rounds"]):
+            for level, p in points.items():
+                lines.append(
+                    f"| {name} | {level} | {r} | {p['ok_per_s']:.1f} | "
+                    f"{p['throughput_ratio']:.2f} | {p['tree_cpu_ms_per_input']:.2f} | "
+                    f"{p['reference_cpu_ms_per_input']:.2f} | {p['cpu_ratio']:.2f} | "
+                    f"{p['loop_ms_per_request']:.3f} | {common.ms(p['p50_ms'])} | "
+                    f"{common.ms(p['p99_ms'])} |"
+                )
+    lines += [
+        "",
+        f"One client at {ONE_RATE:g} requests/s (one {ONE_TEXT!r} a request) against "
+        "onnxruntime float32 in process (batch of one, the server's path):",
+        "",
+        "| case | round | p50 ms | in process p50 | CPU ms/request | in process CPU | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, res in result["cases"].items():
+        for r, p in enumerate(res.get("one_client", [])):
+            lines.append(
+                f"| {name} | {r} | {p['p50_ms']:.1f} | {p['reference_p50_ms']:.1f} | "
+                f"{p['tree_cpu_ms_per_request']:.2f} | {p['reference_cpu_ms_per_call']:.2f} | "
+                f"{p['cpu_ratio']:.2f} |"
+            )
+    lines += ["", *summary_lines(result["summary"])]
+    return "\n".join(lines)
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The goals, each with its median and whether it is met."""
+    lines: list[str] = []
+    for name, s in summary.items():
+        if name == "default_over_torch_float32":
+            continue
+        for level, goal in GOALS.items():
+            if f"cpu_ratio_at_{level}" not in s:
+                continue
+            lines.append(
+                f"- {name}, {level} clients: CPU ratio "
+                f"{_ratio_cell(s[f'cpu_ratio_at_{level}'], goal)}, of in-process throughput "
+                f"{_ratio_cell(s[f'throughput_ratio_at_{level}'], THROUGHPUT_GOAL, False)}, "
+                f"loop ms/request {_ratio_cell(s[f'loop_ms_per_request_at_{level}'], LOOP_GOAL_MS)}"
+            )
+        if "one_cpu_ratio" in s:
+            lines.append(
+                f"- {name}, one client: CPU over onnxruntime float32's call in process "
+                f"{_ratio_cell(s['one_cpu_ratio'], ONE_CPU_GOAL)}; p50 {s['one_p50_ms']:.1f} ms, "
+                f"ms over the call's {_ratio_cell(s['one_p50_over_ms'], ONE_P50_GOAL_MS)}"
+            )
+    ratios = summary.get("default_over_torch_float32", {})
+    for key, value in ratios.items():
+        what = "server" if key.startswith("ok_per_s") else "in process"
+        lines.append(
+            f"- default / torch float32, {what} ({key.rsplit('_', 1)[1]} clients): {value:.2f}x"
+        )
+    return lines
