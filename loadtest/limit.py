@@ -161,10 +161,11 @@ class Limit:
             seconds += time.perf_counter() - start
         return seconds
 
-    def engine_calls(self, text: str, n: int) -> list[float]:
-        """Milliseconds of the server's own path on one input, ``n`` times in turn: the
-        engine's ``prepare`` (tokenize) and ``run`` (forward, pooling, the answer's rows) on a
-        batch of one, as the inference thread runs a request that arrives alone."""
+    def engine_calls(self, text: str, n: int, gap_s: float = 0.0) -> list[float]:
+        """Milliseconds of the server's own path on one input, ``n`` times, ``gap_s`` apart
+        (start to start; 0: back to back): the engine's ``prepare`` (tokenize) and ``run``
+        (forward, pooling, the answer's rows) on a batch of one, as the inference thread runs
+        a request that arrives alone."""
         from service.engine.warmup import sample_unit
 
         engine = self.engine()
@@ -174,6 +175,7 @@ class Limit:
             start = time.perf_counter()
             engine.run([engine.prepare(unit)])
             out.append((time.perf_counter() - start) * 1000)
+            time.sleep(max(0.0, start + gap_s - time.perf_counter()))
         return out
 
     def sized(self, tokens: int) -> Any:
@@ -279,8 +281,9 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
     the inputs (``"pooling": "mean"`` adds mean pooling); ``{"op": "calls", "indices": [3, 4]}``
     times a direct single call on each of those inputs: ``{"ms": [..., ...]}``;
     ``{"op": "replay", "shapes": [[8, 40], [2, 300]]}`` answers ``{"seconds": ...}``
-    (:meth:`Limit.replay`); ``{"op": "engine_calls", "text": "...", "n": 50}`` runs the
-    server's own path (:meth:`Limit.engine_calls`) on one input ``n`` times: ``{"ms": [...]}``;
+    (:meth:`Limit.replay`); ``{"op": "engine_calls", "text": "...", "n": 50, "gap_s": 0.1}`` runs
+    the server's own path (:meth:`Limit.engine_calls`) on one input ``n`` times, ``gap_s``
+    apart: ``{"ms": [...]}``;
     ``{"op": "backend"}`` the backend's summary. Every answer carries ``cpu_s``: this process's
     CPU seconds (all its threads: the tokenizer, torch's and onnxruntime's pools) meanwhile.
     """
@@ -298,7 +301,7 @@ def serve(lim: Limit, stdin: IO[str], stdout: IO[str]) -> None:
         elif req["op"] == "replay":
             answer = {"seconds": lim.replay(req["shapes"])}
         elif req["op"] == "engine_calls":
-            answer = {"ms": lim.engine_calls(req["text"], req["n"])}
+            answer = {"ms": lim.engine_calls(req["text"], req["n"], req.get("gap_s", 0.0))}
         else:
             answer = {"inputs_per_s": lim.b(req["batch_size"], math.inf, req.get("pooling"))}
         answer = {**answer, "cpu_s": time.process_time() - cpu_before}

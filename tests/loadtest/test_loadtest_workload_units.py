@@ -515,7 +515,7 @@ def test_cost_divides_each_point_by_the_references_around_it() -> None:
     assert got["throughput_ratio"] == pytest.approx(90 / 105)
     assert got["reference_drift"] == pytest.approx(1.1)
     rounds = [{32: {**got, "cpu_ratio": x, "loop_ms_per_request": 0.1}} for x in (1.3, 1.1, 1.2)]
-    one = {"p50_ms": 7.0, "p99_ms": 9.0, "tree_cpu_ms_per_request": 9.0}
+    one = {"p50_ms": 7.0, "p99_ms": 9.0, "floor_p50_ms": 1.0, "tree_cpu_ms_per_request": 9.0}
     ones = [
         {
             **one,
@@ -535,5 +535,6 @@ def test_cost_divides_each_point_by_the_references_around_it() -> None:
     text = cost.table({"inputs": 10, "cases": cases, "summary": summary})
     assert "CPU ratio 1.20 (misses <= 1.15)" in text
     assert "loop ms/request 0.10 (meets <= 0.15)" in text
-    assert "call in process 1.50 (meets <= 1.5); p50 7.0 ms, ms over the call's 1.50" in text
+    assert "call in process 1.50 (meets <= 1.5); p50 7.0 ms, over the client's floor and " in text
+    assert "| default | 0 | 7.0 | 1.0 | 5.5 | 1.5 | 9.00 | 6.00 | 1.50 |" in text
     assert "| default | 32 | 0 | 90.0 | 0.86 | 12.00 | 12.00 | 1.30 | 0.100 |" in text
