@@ -33,7 +33,7 @@ def main() -> None:
         return
     # Tokenizers' Rust thread pool is unsafe across fork (gunicorn forks the worker).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    set_openmp_wait()  # before the worker imports torch (libgomp reads it when it loads)
+    set_openmp_wait()  # torch's threads' spin; before the worker imports torch (libgomp)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:service.gunicorn_conf"]
     os.execv(sys.executable, argv)
 

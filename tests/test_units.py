@@ -224,12 +224,13 @@ def test_estimate_follows_batches_and_predicts_wait() -> None:
     assert est.running() and est.predicted_wait(0) == pytest.approx(0.2, rel=0.05)
 
 
-def test_openmp_wait_policy_is_passive_unless_the_environment_chose() -> None:
-    """torch's OpenMP threads are told to sleep at once after a region (no spin-wait), unless
-    the operator set a policy (or a spin count) of their own."""
+def test_openmp_threads_spin_briefly_unless_the_environment_chose() -> None:
+    """torch's OpenMP threads spin about 0.1 ms after a region (libgomp's GOMP_SPINCOUNT) rather
+    than its default 3 ms, unless the operator chose a spin count or a wait policy."""
     env: dict[str, str] = {}
     set_openmp_wait(env)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
-    mine = {"OMP_WAIT_POLICY": "ACTIVE"}
-    set_openmp_wait(mine)
-    assert mine == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert env == {"GOMP_SPINCOUNT": "10000"}
+    for mine in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"}):
+        chosen = dict(mine)
+        set_openmp_wait(chosen)
+        assert chosen == mine

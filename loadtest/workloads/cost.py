@@ -142,12 +142,15 @@ def one_client(srv: servers.Served, seconds: float) -> dict[str, Any]:
 
 def one_reference(worker: limit_mod.LimitWorker, n: int) -> dict[str, float]:
     """``ONE_TEXT`` ``n`` times in process at the client's pace (``ONE_RATE``/s, the threads
-    idle between calls as the server's are): p50 ms and CPU ms per call."""
+    idle between calls as the server's are): p50 ms and CPU ms per call; and the p50 of as
+    many calls back to back (warm threads and caches: the call's best case), for comparison."""
     got = worker.ask(op="engine_calls", text=ONE_TEXT, n=n, gap_s=1 / ONE_RATE)
     calls = got["ms"][1:]  # the first after the worker's own idle spell
+    warm = worker.ask(op="engine_calls", text=ONE_TEXT, n=n)["ms"][1:]
     return {
         "p50_ms": statistics.median(calls),
         "cpu_ms_per_call": 1000 * float(got["cpu_s"]) / n,
+        "back_to_back_p50_ms": statistics.median(warm),
     }
 
 
@@ -234,12 +237,17 @@ def _one_rounds(
             **served,
             "reference_cpu_ms_per_call": ref_cpu,
             "reference_p50_ms": ref_p50,
+            "reference_back_to_back_p50_ms": (
+                before["back_to_back_p50_ms"] + after["back_to_back_p50_ms"]
+            )
+            / 2,
             "cpu_ratio": served["tree_cpu_ms_per_request"] / ref_cpu,
             "p50_over_ms": served["p50_ms"] - served["floor_p50_ms"] - ref_p50,
         }
         print(
             f"  one client at {ONE_RATE:g}/s: p50 {point['p50_ms']:.1f} ms (client floor "
-            f"{point['floor_p50_ms']:.1f}, in process {ref_p50:.1f}), CPU "
+            f"{point['floor_p50_ms']:.1f}, in process {ref_p50:.1f}, back to back "
+            f"{point['reference_back_to_back_p50_ms']:.1f}), CPU "
             f"{point['tree_cpu_ms_per_request']:.2f} ms/request (in process {ref_cpu:.2f}): "
             f"{point['cpu_ratio']:.2f}x",
             flush=True,
@@ -315,14 +323,15 @@ def table(result: dict[str, Any]) -> str:
         "onnxruntime float32 in process (batch of one, the server's path):",
         "",
         "| case | round | p50 ms | client floor p50 | in process p50 | p50 - floor - in process "
-        "| CPU ms/request | in process CPU | ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| in process back to back p50 | CPU ms/request | in process CPU | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, res in result["cases"].items():
         for r, p in enumerate(res.get("one_client", [])):
             lines.append(
                 f"| {name} | {r} | {p['p50_ms']:.1f} | {p['floor_p50_ms']:.1f} | "
                 f"{p['reference_p50_ms']:.1f} | {p['p50_over_ms']:.1f} | "
+                f"{common.ms(p.get('reference_back_to_back_p50_ms'))} | "
                 f"{p['tree_cpu_ms_per_request']:.2f} | {p['reference_cpu_ms_per_call']:.2f} | "
                 f"{p['cpu_ratio']:.2f} |"
             )

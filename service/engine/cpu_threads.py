@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 
 _CGROUP = Path("/sys/fs/cgroup")
@@ -45,18 +46,22 @@ def default_torch_threads(root: Path = _CGROUP) -> int:
     return max(1, min(usable, math.ceil(quota)) if quota is not None else usable)
 
 
-# OpenMP's wait policy for torch's intra-op threads (libgomp, which the CPU wheels ship). Unset,
-# each thread spins up to ~300,000 iterations after every parallel region before it sleeps, and
-# a forward is dozens of regions: one input alone every 100 ms kept both threads spinning
-# through the forward, so the worker's CPU per request was several times the forward's own
-# (docs/backends.md, Threads). PASSIVE puts them to sleep at once; a region then wakes them
-# (a futex each), a cost that batches amortize. Read when libgomp loads (torch's import), so set
-# in the environment before the worker starts; the environment's own value wins.
-OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+# How long torch's intra-op threads (libgomp, which the CPU wheels ship) spin after a parallel
+# region before they sleep. libgomp's default, 300,000 spins (about 3 ms), keeps both threads
+# spinning through the idle time between lone requests: one input every 100 ms cost the worker
+# several times the forward's CPU, billed by the CPU quota and read as load by CPU-based
+# autoscaling. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a wake-up at each of a forward's
+# dozens of regions: 0.78x the throughput under load. 10,000 spins (about 0.1 ms) bridge the gaps
+# between a forward's regions and sleep soon after it ends: the throughput of spinning, the idle
+# CPU of sleeping (docs/benchmarks.md, Serving cost). Read when libgomp loads (torch's import),
+# so set in the environment before the worker starts; an operator's OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT wins.
+SPIN_COUNT = "10000"
 
 
-def set_openmp_wait(environ: dict[str, str] | None = None) -> None:
-    """Put :data:`OPENMP_WAIT` into ``environ`` (default ``os.environ``) where it is unset."""
+def set_openmp_wait(environ: MutableMapping[str, str] | None = None) -> None:
+    """Set ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` in ``environ`` (default ``os.environ``)
+    unless it sets ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` itself."""
     target = os.environ if environ is None else environ
-    for name, value in OPENMP_WAIT.items():
-        target.setdefault(name, value)
+    if "GOMP_SPINCOUNT" not in target and "OMP_WAIT_POLICY" not in target:
+        target["GOMP_SPINCOUNT"] = SPIN_COUNT

@@ -536,5 +536,5 @@ def test_cost_divides_each_point_by_the_references_around_it() -> None:
     assert "CPU ratio 1.20 (misses <= 1.15)" in text
     assert "loop ms/request 0.10 (meets <= 0.15)" in text
     assert "call in process 1.50 (meets <= 1.5); p50 7.0 ms, over the client's floor and " in text
-    assert "| default | 0 | 7.0 | 1.0 | 5.5 | 1.5 | 9.00 | 6.00 | 1.50 |" in text
+    assert "| default | 0 | 7.0 | 1.0 | 5.5 | 1.5 | - | 9.00 | 6.00 | 1.50 |" in text
     assert "| default | 32 | 0 | 90.0 | 0.86 | 12.00 | 12.00 | 1.30 | 0.100 |" in text
