@@ -54,12 +54,12 @@ unit: $(VENV)/.dev  ## the fast in-process suite only
 image-test:  ## build the image with podman and test it (minutes; root on Debian)
 	bash tests/image/run.sh
 
-# Every workload of loadtest/workloads in order (about 28 minutes on 2 cores: mixed 11,
-# short_inputs 12, storm 3, retrieval 3); one workload: BENCH_ARGS='--only storm'; shorter runs of each:
+# Every workload of loadtest/workloads in order (about 39 minutes on 2 cores: mixed 11,
+# short_inputs 12, storm 3, cost 6, retrieval 3, bulk 4); one workload: BENCH_ARGS='--only storm'; shorter runs of each:
 # BENCH_ARGS=--quick. Needs wrk (apt-get install wrk) and py-spy (dev extras). The studies
 # (CPU per request, profile, burst, memory, zero-shot) run the same way:
 # .venv/bin/python -m loadtest.experiments.bench --only memory (see loadtest/experiments).
-bench: $(VENV)/.dev  ## the benchmark's workloads (about 28 minutes; see loadtest/workloads)
+bench: $(VENV)/.dev  ## the benchmark's workloads (about 39 minutes; see loadtest/workloads)
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
 
 # Three replicas behind HAProxy (apt-get install haproxy): capacity, steady load, a retry

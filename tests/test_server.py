@@ -53,7 +53,7 @@ def test_seed_curl_and_paraphrases(start_server: Callable[..., ServerProcess]) -
 
     (worker,) = psutil.Process(server.proc.pid).children()
     chose = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
-    wanted = os.environ.get("GOMP_SPINCOUNT") if chose else "10000"
+    wanted = os.environ.get("GOMP_SPINCOUNT") if chose else "2000"
     assert worker.environ().get("GOMP_SPINCOUNT") == wanted
     assert server.terminate() == 0
     log = server.log()

@@ -51,12 +51,13 @@ def default_torch_threads(root: Path = _CGROUP) -> int:
 # spinning through the idle time between lone requests: one input every 100 ms cost the worker
 # several times the forward's CPU, billed by the CPU quota and read as load by CPU-based
 # autoscaling. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a wake-up at each of a forward's
-# dozens of regions: 0.78x the throughput under load. 10,000 spins (about 0.1 ms) bridge the gaps
-# between a forward's regions and sleep soon after it ends: the throughput of spinning, the idle
-# CPU of sleeping (docs/benchmarks.md, Serving cost). Read when libgomp loads (torch's import),
-# so set in the environment before the worker starts; an operator's OMP_WAIT_POLICY or
-# GOMP_SPINCOUNT wins.
-SPIN_COUNT = "10000"
+# dozens of regions: 0.78x the throughput under load. 2,000 spins (tens of microseconds) bridge
+# the gaps between a forward's regions and sleep soon after it ends: the throughput of spinning,
+# nearly the idle CPU of sleeping; 10,000 spun long enough beside onnxruntime's lone inputs to
+# triple the interactive p99 at light load (docs/benchmarks.md, Serving cost). Read when libgomp
+# loads (torch's import), so set in the environment before the worker starts; an operator's
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+SPIN_COUNT = "2000"
 
 
 def set_openmp_wait(environ: MutableMapping[str, str] | None = None) -> None:
