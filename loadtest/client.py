@@ -8,6 +8,7 @@ Every loop is bounded in time and in request count. Latencies are seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from loadtest.outcomes import retry_delay
 from loadtest.stats import latency_summary
 
 T = TypeVar("T")
@@ -194,3 +196,38 @@ async def arrivals(
         task.add_done_callback(tasks.discard)
     await asyncio.gather(*tasks)
     return result
+
+
+async def polite(
+    url: str,
+    body: bytes,
+    stop: asyncio.Event,
+    out: list[tuple[int, float]],
+    *,
+    cap_s: float = 5.0,
+    fresh_connections: bool = False,
+    timeout_s: float = 30.0,
+    max_answers: int = 100_000,
+) -> None:
+    """One polite client: POST ``body`` (JSON) to ``url`` again and again until ``stop`` (or
+    ``max_answers``); after a 503, wait what Retry-After says (at most ``cap_s``), as the
+    openai SDK does. ``fresh_connections``: a new connection per request. Appends (status,
+    seconds) per answer to ``out``; status 0 is a connection error."""
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(force_close=fresh_connections),
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    ) as http:
+        while not stop.is_set() and len(out) < max_answers:
+            sent = time.perf_counter()
+            retry_after = None
+            try:
+                async with http.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+                    status, retry_after = resp.status, resp.headers.get("Retry-After")
+            except (TimeoutError, aiohttp.ClientError):
+                status = 0
+            out.append((status, time.perf_counter() - sent))
+            if status == 503:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), retry_delay(retry_after, cap_s))

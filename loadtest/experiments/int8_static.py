@@ -140,40 +140,17 @@ def batches(
 
 
 def smooth(source: Path, target: Path, feeds: list[dict[str, np.ndarray]], alpha: float) -> None:
-    """SmoothQuant on `source`'s weight MatMuls (formula in the module docstring): the MatMuls
-    that share an input share its scales; a Mul by 1/s is inserted after the input's producer."""
+    """SmoothQuant on every weight MatMul of `source` (the server's
+    `service.backends.int8.smooth_matmuls`, which the served recipe applies to the widening
+    ones only), written to `target`."""
     import onnx
-    import onnxruntime as ort
-    from onnx import helper, numpy_helper
+
+    from service.backends.int8 import smooth_matmuls
 
     model = onnx.load(str(source))
-    weights = {i.name: i for i in model.graph.initializer}
+    weights = {i.name for i in model.graph.initializer}
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-    inputs = sorted({n.input[0] for n in matmuls})
-    probe = onnx.load(str(source))
-    for name in inputs:
-        probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    amax: dict[str, np.ndarray] = {}
-    for feed in feeds:
-        real = feed["attention_mask"].astype(bool)
-        for name, x in zip(inputs, session.run(inputs, feed), strict=True):
-            amax[name] = np.maximum(amax.get(name, 0.0), np.abs(x[real]).max(0))
-    for name in inputs:
-        group = [n for n in matmuls if n.input[0] == name]
-        arrays = [numpy_helper.to_array(weights[n.input[1]]) for n in group]
-        wmax = np.max([np.abs(w).max(1) for w in arrays], axis=0)
-        s = np.clip(amax[name] ** alpha / np.maximum(wmax, 1e-8) ** (1 - alpha), 1e-5, None)
-        for node, w in zip(group, arrays, strict=True):
-            scaled = (w * s[:, None]).astype(np.float32)
-            weights[node.input[1]].CopyFrom(numpy_helper.from_array(scaled, node.input[1]))
-        scale = numpy_helper.from_array((1 / s).astype(np.float32), f"{name}_smooth_scale")
-        model.graph.initializer.append(scale)
-        mul = helper.make_node("Mul", [name, scale.name], [f"{name}_smoothed"], f"{name}_smooth")
-        for node in group:
-            node.input[0] = mul.output[0]
-        at = next(i for i, n in enumerate(model.graph.node) if name in n.output)
-        model.graph.node.insert(at + 1, mul)
+    smooth_matmuls(model, matmuls, feeds, alpha)
     onnx.save(model, str(target))
 
 

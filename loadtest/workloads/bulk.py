@@ -30,9 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from loadtest import client, corpus, outcomes, servers
+from loadtest import client, corpus, servers
 from loadtest.stats import percentile
 from loadtest.workloads import common
 
@@ -187,22 +185,7 @@ async def index(
     (or until cancelled mid-request), waiting out a 503's Retry-After (at most 5 s); appends
     (status, seconds) of each answer to ``out`` (status 0: a connection error)."""
     body = json.dumps({"model": "x", "input": texts, "encoding_format": "base64"}).encode()
-    headers = {"Content-Type": common.JSON}
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        while not stop.is_set():
-            sent = time.perf_counter()
-            retry_after = None
-            try:
-                async with http.post(base + "/v1/embeddings", data=body, headers=headers) as r:
-                    await r.read()
-                    status, retry_after = r.status, r.headers.get("Retry-After")
-            except (TimeoutError, aiohttp.ClientError):
-                status = 0
-            out.append((status, time.perf_counter() - sent))
-            if status == 503:  # as the openai SDK does: wait what Retry-After says
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), outcomes.retry_delay(retry_after, 5.0))
+    await client.polite(base + "/v1/embeddings", body, stop, out, timeout_s=600)
 
 
 def _batches(log: Path, offset: int) -> list[dict[str, Any]]:

@@ -23,10 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psutil  # type: ignore[import-untyped]  # no stubs unless types-psutil
 
-from loadtest import client, corpus, cpu, outcomes, proc, servers, wrk
+from loadtest import client, corpus, cpu, proc, servers, wrk
 from loadtest.stats import latency_summary
 from loadtest.workloads import common, storm_kinds
 from loadtest.workloads.storm_kinds import KINDS, Kind
@@ -93,30 +92,6 @@ def _difference(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
 
 
-async def polite(
-    base: str, body: bytes, stop: asyncio.Event, out: list[tuple[int, float]], cap_s: float = 5.0
-) -> None:
-    """One polite client: a fresh connection per request; after a 503, sleep what Retry-After
-    says (at most ``cap_s``). Appends (status, seconds) per answer; 0 is a connection error."""
-    headers = {"Content-Type": common.JSON}
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(force_close=True), timeout=aiohttp.ClientTimeout(total=30)
-    ) as http:
-        while not stop.is_set() and len(out) < 100_000:
-            sent = time.perf_counter()
-            retry_after = None
-            try:
-                async with http.post(base + "/", data=body, headers=headers) as resp:
-                    await resp.read()
-                    status, retry_after = resp.status, resp.headers.get("Retry-After")
-            except (TimeoutError, aiohttp.ClientError):
-                status = 0
-            out.append((status, time.perf_counter() - sent))
-            if status == 503:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), outcomes.retry_delay(retry_after, cap_s))
-
-
 async def storm_with_polite(
     srv: servers.Served,
     kind: Kind,
@@ -131,7 +106,9 @@ async def storm_with_polite(
     answers: list[tuple[int, float]] = []
     probed: list[tuple[str, int, float]] = []
     tasks = [
-        asyncio.create_task(polite(srv.base, bodies[0], stop, answers))
+        asyncio.create_task(
+            client.polite(srv.base + "/", bodies[0], stop, answers, fresh_connections=True)
+        )
         for _ in range(POLITE_CLIENTS)
     ]
     tasks.append(asyncio.create_task(storm_kinds.probes(srv.base, stop, probed)))

@@ -143,12 +143,7 @@ def smooth(
     model: Any, batches: list[Mapping[str, Any]], names: list[str], alpha: float
 ) -> list[str]:
     """SmoothQuant on `model` (an `onnx.ModelProto`, changed in place) for the MatMuls to
-    quantize (constant weights [C_in, C_out], C_in <= C_out); returns their names. MatMuls
-    sharing an input share its scales."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper, numpy_helper
-
+    quantize (constant weights [C_in, C_out], C_in <= C_out); returns their names."""
     weights = {i.name: i for i in model.graph.initializer}
     chosen = []
     for node in model.graph.node:
@@ -156,20 +151,36 @@ def smooth(
             shape = weights[node.input[1]].dims
             if len(shape) == 2 and shape[0] <= shape[1]:
                 chosen.append(node)
-    inputs = sorted({n.input[0] for n in chosen})
+    smooth_matmuls(model, chosen, [_feed(batch, names) for batch in batches], alpha)
+    return [n.name for n in chosen]
+
+
+def smooth_matmuls(
+    model: Any, matmuls: list[Any], feeds: list[dict[str, np.ndarray]], alpha: float
+) -> None:
+    """SmoothQuant (Xiao et al. 2023, eq. 4: s_j = max|X_j|^alpha / max|W_j|^(1-alpha)) on
+    `matmuls`, nodes of `model` (an `onnx.ModelProto`, changed in place) with constant weights
+    [C_in, C_out]: each input's per-channel range over the real tokens of `feeds` moves into
+    the weights (W * s), and a Mul by 1/s is inserted after the input's producer. MatMuls
+    sharing an input share its scales."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    weights = {i.name: i for i in model.graph.initializer}
+    inputs = sorted({n.input[0] for n in matmuls})
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     for name in inputs:
         probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     amax: dict[str, np.ndarray] = {}
-    for batch in batches:
-        feed = _feed(batch, names)
+    for feed in feeds:
         real = feed["attention_mask"].astype(bool)
         for name, x in zip(inputs, session.run(inputs, feed), strict=True):
             amax[name] = np.maximum(amax.get(name, 0.0), np.abs(x[real]).max(0))
     for name in inputs:
-        group = [n for n in chosen if n.input[0] == name]
+        group = [n for n in matmuls if n.input[0] == name]
         arrays = [numpy_helper.to_array(weights[n.input[1]]) for n in group]
         wmax = np.max([np.abs(w).max(1) for w in arrays], axis=0)
         s = np.clip(amax[name] ** alpha / np.maximum(wmax, 1e-8) ** (1 - alpha), 1e-5, None)
@@ -183,7 +194,6 @@ def smooth(
             node.input[0] = mul.output[0]
         at = next((i + 1 for i, n in enumerate(model.graph.node) if name in n.output), 0)
         model.graph.node.insert(at, mul)
-    return [n.name for n in chosen]
 
 
 def backend(graph: Path, threads: int, calibration: CalibrationBatches) -> OnnxBackend:

@@ -5,7 +5,6 @@ them first: tests/engine/test_selection.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,16 +14,6 @@ from service.engine.jobs import Op, Unit
 from service.errors import Overloaded
 
 SHORT = "a short sentence."  # 17 characters
-
-
-@pytest.fixture
-def queued() -> Iterator[list[Item]]:
-    """The items a test queues; their futures are settled at the end (occupancy gauges)."""
-    made: list[Item] = []
-    yield made
-    for item in made:
-        if not item.future.done():
-            item.future.set_result(None)
 
 
 def request(made: list[Item], n: int, text: str = SHORT, deadline_s: float = 60) -> list[Item]:

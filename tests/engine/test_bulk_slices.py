@@ -5,7 +5,7 @@ and bulk inputs are tokenized a batch's worth at a time (`backlog`): the batcher
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -47,16 +47,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     frozen = Clock()
     monkeypatch.setattr("service.engine.batching.forming.time.monotonic", frozen)
     return frozen
-
-
-@pytest.fixture
-def queued() -> Iterator[list[Item]]:
-    """The items a test queues; their futures are settled at the end (occupancy gauges)."""
-    made: list[Item] = []
-    yield made
-    for item in made:
-        if not item.future.done():
-            item.future.set_result(None)
 
 
 def pool(
