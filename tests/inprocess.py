@@ -126,14 +126,18 @@ class Served:
 
 @contextmanager
 def serve(
-    settings: Settings, engine_factory: Callable[[Settings], Engine] = load_engine
+    settings: Settings,
+    engine_factory: Callable[[Settings], Engine] = load_engine,
+    *,
+    edge: bool = True,
 ) -> Iterator[Served]:
     """`create_app(settings, engine_factory)` under uvicorn with the service's HTTP edge (as in
-    production) in a thread; yields once /readyz answers 200, stops the server (lifespan
+    production; `edge=False`: uvicorn's own httptools protocol, as another ASGI server would
+    serve the app) in a thread; yields once /readyz answers 200, stops the server (lifespan
     shutdown) after."""
     app = create_app(settings, engine_factory=engine_factory)
     port = free_port()
-    http = EdgeProtocol.bound(app.admission)
+    http = EdgeProtocol.bound(app.admission) if edge else "httptools"
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_config=None, lifespan="on", http=http
     )

@@ -43,6 +43,7 @@ from uvicorn.server import ServerState
 from service.admission.refusals import Refusal, answer, record, throttled
 from service.http.framing import Framer, Step
 from service.http.head_deadline import HeadDeadline
+from service.runtime import connection
 from service.settings import Settings, load_settings
 
 log = structlog.get_logger("service.edge")
@@ -64,26 +65,75 @@ def _env_settings() -> Settings:
 
 
 class _AnswerTransport(asyncio.Transport):
-    """The transport a request's cycle writes its answer to: the connection's own, except
-    that uvicorn's close after an answer with `connection: close` goes to `close` (the
-    protocol's `_close_after_answer`, which may linger first)."""
+    """The transport a request's cycle writes its answer to: the connection's own, except that
+    - an answer's head (status line and headers, which uvicorn writes as its own part) is held
+      and written with the answer's first body part, one system call and one TCP segment for
+      a small answer where uvicorn makes two; `answered()` (the protocol's
+      `on_response_complete`) and `close` write a head still held (an answer without a body:
+      HEAD, 204);
+    - uvicorn's close after an answer with `connection: close` goes to `close` (the
+      protocol's `_close_after_answer`, which may linger first)."""
 
     def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
         super().__init__()
         self._transport = transport
         self._close = close
+        self._head: bytes | None = None  # the head written for the answer under way
+        self._headless = True  # no head written since the last answer ended
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._transport.write(data)
+        if self._headless and data != _CONTINUE:
+            self._headless = False  # (uvicorn's 100 Continue, before the answer, goes now)
+            self._head = bytes(data)
+            return
+        head, self._head = self._head, None
+        self._transport.write(data if head is None else b"".join((head, data)))
+
+    def answered(self) -> None:
+        """The answer is complete: write its head if it is still held; the next write is the
+        next answer's head."""
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.write(head)
+        self._headless = True
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
 
     def close(self) -> None:
+        self.answered()
         self._close()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._transport.get_extra_info(name, default)
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # what uvicorn's receive writes for Expect
+
+
+def _stop_nothing() -> None:
+    pass
+
+
+class _Connection:
+    """`service.runtime.connection.Connection` for one request (`cycle`) of `protocol`."""
+
+    __slots__ = ("_cycle", "_protocol")
+
+    def __init__(self, protocol: BoundedProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol, self._cycle = protocol, cycle
+
+    def body_complete(self) -> bool:
+        return not self._cycle.more_body
+
+    def on_gone(self, callback: Callable[[], None]) -> Callable[[], object]:
+        cycle = self._cycle
+        if cycle.disconnected:
+            callback()
+            return _stop_nothing
+        gone = self._protocol._gone
+        gone[cycle] = callback
+        return functools.partial(gone.pop, cycle, None)
 
 
 def close_an_idle_one(connections: Iterable[object]) -> bool:
@@ -154,6 +204,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self._refusal: Refusal | None = None  # set: nothing more is parsed
         self._pending: Refusal | None = None  # to answer once earlier answers are sent
         self._body = (0, False)  # the current request's Content-Length, chunked
+        # What to call if the connection closes before a request's answer (`_Connection`).
+        self._gone: dict[RequestResponseCycle, Callable[[], None]] = {}
         self._head_ended = self._message_ended = False  # llhttp's view, per fed part
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -174,6 +226,10 @@ class BoundedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._head.stop()
         super().connection_lost(exc)
+        gone, self._gone = self._gone, {}
+        for cycle, callback in gone.items():
+            if not cycle.response_complete:
+                callback()
 
     def data_received(self, data: bytes) -> None:
         if self._linger_left is not None:  # answered and half-closed: drop, within the bound
@@ -259,6 +315,8 @@ class BoundedProtocol(HttpToolsProtocol):
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         self._unset_keepalive_if_required()  # a request is under way: this connection is busy
         cycle.transport = self._answer_transport  # its close may linger (`_close_after_answer`)
+        scope: Any = cycle.scope  # (uvicorn's type for it lists the ASGI spec's extensions)
+        scope["extensions"] = {connection.EXTENSION: _Connection(self, cycle)}
         self._run_request(cycle, app)
 
     def _run_request(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
@@ -292,6 +350,7 @@ class BoundedProtocol(HttpToolsProtocol):
         return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
     def on_response_complete(self) -> None:
+        self._answer_transport.answered()
         super().on_response_complete()
         pending = self._pending
         if pending is not None and not self._busy() and not self.transport.is_closing():

@@ -20,6 +20,7 @@ from service.admission.api_key import authorized
 from service.engine.jobs import Job, Op
 from service.engine.types import ModelInfo, Output
 from service.errors import Unauthorized, WrongTask
+from service.runtime.body import header
 from service.runtime.runtime import ClientGone, Runtime
 from service.settings import Settings
 
@@ -143,7 +144,7 @@ async def serve(request: Request, parse: Parse) -> Response:
         body = await runtime.receive(request, deadline)
     except ClientGone:
         return Response(status_code=499)
-    job = parse(body, request.headers.get("content-type"), info, runtime.settings)
+    job = parse(body, header(request.scope, b"content-type"), info, runtime.settings)
     request.scope["state"]["inputs"] = job.inputs
     deadline = runtime.job_deadline(request, deadline, len(job.units))
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from starlette.requests import Request
+from starlette.types import Scope
 
 from service.errors import BadRequest, PayloadTooLarge
 
@@ -11,10 +12,20 @@ from service.errors import BadRequest, PayloadTooLarge
 _CLOSE = {"Connection": "close"}
 
 
+def header(scope: Scope, name: bytes) -> str | None:
+    """The request's first `name` header (lower case, as ASGI gives them), or None: one pass
+    over the scope's list, where starlette's `Headers.get` raises and catches a KeyError for
+    each header a request lacks (most lack X-Request-Timeout)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 as soon as it exceeds `limit` bytes: by Content-Length
     before reading, or while it streams in (chunked bodies have no Content-Length)."""
-    declared = request.headers.get("content-length")
+    declared = header(request.scope, b"content-length")
     if declared is not None:
         if not declared.isdigit():
             raise BadRequest("Content-Length is not a number")

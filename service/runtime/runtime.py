@@ -35,7 +35,8 @@ from service.errors import (
     NotReady,
     ServiceError,
 )
-from service.runtime.body import read_body
+from service.runtime.body import header, read_body
+from service.runtime.connection import connection_of
 from service.runtime.deadlines import bulk_timeout, request_timeout
 from service.settings import Settings
 
@@ -147,7 +148,7 @@ class Runtime:
     def deadline(self, request: Request) -> float:
         """Monotonic deadline: REQUEST_TIMEOUT_S, or less if `X-Request-Timeout` asks for it,
         from the request's arrival (a held request counts its hold: `service.admission.policy`)."""
-        timeout = self.timeout(request.headers.get("x-request-timeout"))
+        timeout = self.timeout(header(request.scope, b"x-request-timeout"))
         if timeout is None:
             raise BadRequest("X-Request-Timeout must be a positive number of seconds")
         return arrival(request.scope) + timeout
@@ -157,7 +158,7 @@ class Runtime:
         request `deadlines.bulk_timeout` from its arrival."""
         if not self.batcher.queue.is_bulk(inputs):
             return deadline
-        asked = request.headers.get("x-request-timeout")
+        asked = header(request.scope, b"x-request-timeout")
         return arrival(request.scope) + bulk_timeout(self.settings, inputs, asked)
 
     def timeout(self, asked: str | bytes | None) -> float | None:
@@ -170,8 +171,16 @@ class Runtime:
         connection, and a draining server, no longer than that. Raises `ClientGone` when the
         client leaves during the upload.
 
-        One `asyncio.timeout` per read (no extra task: this is every request's path, sheds
-        included); SIGTERM pulls the running ones in to the drain end (`begin_drain`)."""
+        A body that has already arrived whole (what the server's `Connection` says) is read
+        without a timer; otherwise one `asyncio.timeout` per read (no extra task: this is every
+        request's path, sheds included), which SIGTERM pulls in to the drain end
+        (`begin_drain`)."""
+        link = connection_of(request.scope)
+        if link is not None and link.body_complete():
+            try:
+                return await read_body(request, self.settings.max_body_bytes)
+            except ClientDisconnect:
+                raise ClientGone() from None
         ends = min(deadline, self._drain_ends_at or deadline)
         try:
             async with asyncio.timeout(max(0.0, ends - time.monotonic())) as timeout:
@@ -224,7 +233,8 @@ class Runtime:
 
         One asyncio future is settled by whichever comes first (no task or future per unit):
         the inference thread calls back once, thread-safely, when the last unit is answered or
-        one fails; a timer at the deadline; the drain end; a watcher of `http.disconnect`."""
+        one fails; a timer at the deadline; the drain end; the connection's close (a callback
+        from the server's `Connection`, else a task awaiting `http.disconnect`)."""
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop, len(items))
         for item in items:
@@ -236,12 +246,17 @@ class Runtime:
         assert drain_over is not None
         on_drain = waiter.settle_when_done("drain")
         drain_over.add_done_callback(on_drain)
-        gone = loop.create_task(_watch_disconnect(request, waiter))
+        link = connection_of(request.scope)
+        stop_watching: Callable[[], object]
+        if link is not None:
+            stop_watching = link.on_gone(waiter.settle_gone)
+        else:
+            stop_watching = loop.create_task(_watch_disconnect(request, waiter)).cancel
         try:
             why = await waiter.future
         finally:
             timer.cancel()
-            gone.cancel()
+            stop_watching()
             drain_over.remove_done_callback(on_drain)
         failed = _first_failure(items)
         if failed is not None:  # one input failed: the request is over,
@@ -293,6 +308,9 @@ class _Waiter:
     def settle(self, why: str) -> None:
         if not self.future.done():
             self.future.set_result(why)
+
+    def settle_gone(self) -> None:
+        self.settle("gone")
 
     def settle_when_done(self, why: str) -> Callable[[asyncio.Future[Any]], None]:
         return lambda _: self.settle(why)

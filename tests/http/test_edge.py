@@ -244,6 +244,29 @@ def test_a_chunked_request_and_the_one_pipelined_after_it_are_served(
     assert answers[0][2] == answers[1][2]  # the same text, chunked or not
 
 
+def test_expect_100_continue_a_head_request_and_a_post_on_one_connection(
+    server: ServerProcess,
+) -> None:
+    """The answer's head is written with its body: 100 Continue still goes out before the
+    body is sent, and an answer without a body (HEAD) still goes out whole."""
+    body = b"a good sentence"
+    with connect(server) as sock:
+        head = post(body, Expect="100-continue")[: -len(body)]
+        sock.sendall(head)
+        sock.settimeout(10)
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        [(status, _, first)] = parse(one_answer(sock))
+        sock.sendall(b"HEAD /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b"\r\n\r\n"), reply
+        sock.sendall(post(body))
+        [(again, _, second)] = parse(one_answer(sock))
+    assert status == again == 200 and first == second and first.startswith(b'[[{"label":')
+
+
 def test_a_trailer_section_over_the_bound_gets_431(server: ServerProcess) -> None:
     before = refused(server, "head_too_large")
     answers, closed = exchange(server, CHUNKED + b"X-Trailer: " + b"t" * BOUND + b"\r\n\r\n")

@@ -20,14 +20,18 @@ from service.settings import Settings
 LONG = " ".join(["paris is the capital of france"] * 60)  # about 360 tokens
 
 
-@pytest.fixture
-def slow(tiny_models: dict[str, Path]) -> tuple[Served, Recorder]:  # type: ignore[misc]
-    """MAX_BATCH_SIZE=1 and 0.4 s per batch: one blocker runs while the rest wait."""
+@pytest.fixture(params=["edge", "uvicorn"])
+def slow(  # type: ignore[misc]
+    tiny_models: dict[str, Path], request: pytest.FixtureRequest
+) -> tuple[Served, Recorder]:
+    """MAX_BATCH_SIZE=1 and 0.4 s per batch: one blocker runs while the rest wait. Under the
+    service's edge (whose connection calls back on a close) and under uvicorn's own protocol
+    (where the runtime awaits `http.disconnect`)."""
     recorder = Recorder(0.4, delay_warm_up=False)  # the load's warm-up and calibration: fast
     settings = Settings(
         model_id=str(tiny_models["text-classification"]), max_batch_size=1, torch_num_threads=1
     )
-    with serve(settings, recorder) as served:
+    with serve(settings, recorder, edge=request.param == "edge") as served:
         recorder.slow.set()
         yield served, recorder
 
