@@ -142,6 +142,43 @@ def test_a_stalled_upload_is_answered_503_at_the_drain_end(
     assert seconds <= 0.5 + MARGIN_S
 
 
+def test_requests_still_waiting_at_the_drain_end_are_answered_503(
+    tiny_settings: Callable[..., Settings],
+) -> None:
+    """At the drain end every request still waiting is answered 503 with Retry-After: the one
+    whose batch is stuck and the two queued behind it, which are never computed."""
+    recorder = Recorder()
+    settings = tiny_settings(request_timeout_s=60, drain_timeout_s=0.5, max_batch_size=1)
+    texts = ["stuck batch", "queued one", "queued two"]
+
+    async def scenario(served: Served) -> tuple[list[tuple[int, dict[str, str]]], float]:
+        recorder.gate.clear()
+        connections = []
+        for text in texts:
+            connections.append(await raw_request(served.url, http_post(text)))
+            if text == texts[0]:
+                await asyncio.to_thread(served.wait_depth, 0)  # its batch took it
+        await asyncio.to_thread(served.wait_depth, 2)
+        served.begin_drain()
+        started = time.monotonic()
+        answers = []
+        for reader, writer in connections:
+            status, headers, _ = await read_answer(reader)
+            writer.close()
+            answers.append((status, headers))
+        return answers, time.monotonic() - started
+
+    with serve(settings, recorder) as served:
+        try:
+            answers, seconds = asyncio.run(asyncio.wait_for(scenario(served), 10))
+        finally:
+            recorder.gate.set()
+    assert [status for status, _ in answers] == [503] * 3
+    assert all(int(headers["retry-after"]) >= 1 for _, headers in answers)
+    assert 0.5 - 0.05 <= seconds <= 0.5 + MARGIN_S
+    assert not {"queued one", "queued two"} & set(recorder.ran)
+
+
 def test_an_idle_server_admits_short_deadlines_after_a_cold_warm_up(
     tiny_settings: Callable[..., Settings],
 ) -> None:

@@ -60,8 +60,9 @@ class Runtime:
         self.settings = settings
         self.batcher = batcher
         self.draining = False
-        # Resolved when the drain time ends; one future every waiter watches (no task each).
+        # Resolved when the drain time ends, which settles every request still waiting.
         self._drain_over: asyncio.Future[None] | None = None
+        self._waiting: set[_Waiter] = set()  # requests awaiting their answers (`wait`)
         self._drain_ends_at: float | None = None  # monotonic; set on SIGTERM
         self._reading: set[asyncio.Timeout] = set()  # body reads under way (`receive`)
 
@@ -97,11 +98,17 @@ class Runtime:
         self.batcher.drain_deadline = self._drain_ends_at
         assert self._drain_over is not None
         loop = asyncio.get_running_loop()
-        loop.call_later(drain_s, self._drain_over.set_result, None)
+        loop.call_later(drain_s, self._end_drain)
         for timeout in self._reading:  # bodies still arriving: at the drain end at the latest
             when = timeout.when()
             timeout.reschedule(min(when if when is not None else math.inf, loop.time() + drain_s))
         log.info("draining", drain_timeout_s=drain_s, queue_depth=self.batcher.queue.depth)
+
+    def _end_drain(self) -> None:
+        assert self._drain_over is not None
+        self._drain_over.set_result(None)
+        for waiter in list(self._waiting):
+            waiter.settle("drain")
 
     async def stop(self) -> None:
         """Stop the thread; after SIGTERM, only until shortly after the drain ends (gunicorn
@@ -242,10 +249,10 @@ class Runtime:
         timer = loop.call_at(
             loop.time() + max(0.0, deadline - time.monotonic()), waiter.settle, "deadline"
         )
-        drain_over = self._drain_over
-        assert drain_over is not None
-        on_drain = waiter.settle_when_done("drain")
-        drain_over.add_done_callback(on_drain)
+        assert self._drain_over is not None
+        if self._drain_over.done():
+            waiter.settle("drain")
+        self._waiting.add(waiter)
         link = connection_of(request.scope)
         stop_watching: Callable[[], object]
         if link is not None:
@@ -257,7 +264,7 @@ class Runtime:
         finally:
             timer.cancel()
             stop_watching()
-            drain_over.remove_done_callback(on_drain)
+            self._waiting.discard(waiter)
         failed = _first_failure(items)
         if failed is not None:  # one input failed: the request is over,
             _abandon(items, "request_failed")  # so its other inputs cost nothing
@@ -301,8 +308,7 @@ class _Waiter:
         with self._lock:
             self._left -= 1
             last = self._left == 0
-        failed = not future.cancelled() and future.exception() is not None
-        if last or failed:
+        if last or (not future.cancelled() and future.exception() is not None):
             self.loop.call_soon_threadsafe(self.settle, "done")
 
     def settle(self, why: str) -> None:
@@ -311,9 +317,6 @@ class _Waiter:
 
     def settle_gone(self) -> None:
         self.settle("gone")
-
-    def settle_when_done(self, why: str) -> Callable[[asyncio.Future[Any]], None]:
-        return lambda _: self.settle(why)
 
 
 def _first_failure(items: list[Item]) -> BaseException | None:
