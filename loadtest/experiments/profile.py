@@ -2,7 +2,8 @@
 
 ``python -m loadtest.experiments.bench --only profile`` (about 1 minute). The MiniLM
 classifier (``loadtest.models``) answers small label lists, so the loop's share is mostly HTTP
-and the request path, not encoding. While wrk runs, py-spy records the worker
+and the request path, not encoding; ``--profile-model embedded`` profiles the default server
+on the embedded model instead (384 floats an answer). While wrk runs, py-spy records the worker
 (``--nonblocking``, 100 Hz, raw) and this prints:
 
 - the loop (MainThread): the top 15 functions by self samples (the innermost Python frame:
@@ -34,6 +35,12 @@ RATE = 100
 def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--profile-seconds", type=int, help="seconds recorded (default 20, quick 8)")
     p.add_argument("--profile-clients", type=int, default=32, help="wrk connections")
+    p.add_argument(
+        "--profile-model",
+        choices=("classifier", "embedded"),
+        default="classifier",
+        help="the MiniLM classifier (small answers) or the embedded model (384 floats an answer)",
+    )
     p.add_argument("--profile-rate", type=int, default=RATE, help="py-spy samples per second")
     p.add_argument(
         "--profile-native",
@@ -48,9 +55,11 @@ def finish_arguments(args: argparse.Namespace, results: Path) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wrk.executable()
-    env = common.server_env(args, MODEL_ID=str(models.minilm_classifier()))
+    classifier = args.profile_model == "classifier"
+    model = {"MODEL_ID": str(models.minilm_classifier())} if classifier else {}
+    env = common.server_env(args, **model)
     bodies = [common.json_body(t) for t in corpus.short_inputs(500)]
-    out: dict[str, Any] = {"seconds": args.profile_seconds}
+    out: dict[str, Any] = {"seconds": args.profile_seconds, "model": args.profile_model}
     with servers.pipeline_server(env, args.results / f"{NAME}.log") as srv:
         names = common.thread_names(srv)
         wrk.run(srv.base + "/", bodies, 8, 2)  # warm up
@@ -127,16 +136,17 @@ def table(result: dict[str, Any]) -> str:
     lines: list[str] = []
     for kind in ("python", "native"):
         if kind in result:
-            lines += _record_table(result[kind], result["seconds"])
+            lines += _record_table(result[kind], result["seconds"], result.get("model"))
     return "\n".join(lines)
 
 
-def _record_table(r: dict[str, Any], seconds: int) -> list[str]:
+def _record_table(r: dict[str, Any], seconds: int, model: str | None) -> list[str]:
     p = r["point"]
     how = "--native, blocking" if r["native"] else "Python frames, --nonblocking"
     return [
         f"Profile ({how}): {p['connections']} wrk connections, short inputs, "
-        f"text-classification, {p['ok_per_s']:.1f} answers/s; py-spy {r.get('rate', RATE)} Hz for "
+        f"{'embeddings' if model == 'embedded' else 'text-classification'}, "
+        f"{p['ok_per_s']:.1f} answers/s; py-spy {r.get('rate', RATE)} Hz for "
         f"{seconds} s. "
         f"The loop ran {r['loop_core_share']:.0%} of a core ({r['loop_samples']} samples; "
         f"{p['loop_ms_per_request']:.2f} ms of CPU per request from /proc); the inference "

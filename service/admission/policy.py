@@ -36,7 +36,7 @@ from enum import Enum
 from typing import Literal, TypeVarTuple
 
 import orjson
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from service import metrics
 from service.admission.api_key import authorized
@@ -75,6 +75,14 @@ class _Ticket:
     cpu_at: float = 0.0  # the loop thread's CPU clock as the app began (what a 503 costs)
 
 
+_TICKET = "service.admission"  # the scope extension of a request the edge handed over
+
+
+def _ticket(scope: Scope) -> _Ticket | None:
+    extensions = scope.get("extensions")
+    return None if extensions is None else extensions.get(_TICKET)
+
+
 class AdmissionPolicy:
     """Admission for the routes in `paths` (`POST`s that submit model work); `runtime` gives
     readiness, the deadline, the queue and its cost model. The loop's thread only."""
@@ -86,7 +94,6 @@ class AdmissionPolicy:
         self._tarpit = Tarpit() if self.settings.shed_tarpit else None
         share = self.settings.shed_budget_share
         self.budget = ShedBudget(share, self._room) if share > 0 else None
-        self._tickets: dict[int, _Ticket] = {}  # id(scope) of a request `tracked` runs
 
     # -- the rule ----------------------------------------------------------------------
     def admit(self, inputs: int, deadline: float) -> Overloaded | None:
@@ -174,30 +181,23 @@ class AdmissionPolicy:
         if self.budget is not None:
             self.budget.charge(time.thread_time() - cpu_since)
 
-    def tracked(self, app: ASGIApp, caller: Caller, *, admitted: bool) -> ASGIApp:
-        """`app`, for one `POST` the edge hands over on `caller`'s connection: while it runs,
-        a 503 the app answers (`answered`, `shed`) is charged from when it began and asks
-        `caller` to wait; `admitted` (`Head.ADMITTED`): the app's gate lets it through."""
-        ticket = _Ticket(caller, admitted)
-
-        async def run(scope: Scope, receive: Receive, send: Send) -> None:
-            ticket.cpu_at = time.thread_time()
-            self._tickets[id(scope)] = ticket
-            try:
-                await app(scope, receive, send)
-            finally:
-                del self._tickets[id(scope)]
-
-        return run
+    def track(self, scope: Scope, caller: Caller, *, admitted: bool) -> None:
+        """For one `POST` the edge hands over on `caller`'s connection (a ticket in its
+        scope's extensions, which end with it): a 503 the app answers for it (`answered`,
+        `shed`) is charged from when the app began (`admit_head`) and asks `caller` to wait;
+        `admitted` (`Head.ADMITTED`): the app's gate lets it through."""
+        scope.setdefault("extensions", {})[_TICKET] = _Ticket(caller, admitted)
 
     # -- in the app --------------------------------------------------------------------
     async def admit_head(self, scope: Scope) -> Unavailable | None:
         """For the app's gate: the error to shed a request with from its head, or None to
         let it through. A retry sent before its Retry-After that would be shed is first held
         until then (at most to its deadline: an idle timer, no CPU) and decided again."""
-        ticket = self._tickets.get(id(scope))
-        if ticket is not None and ticket.admitted:
-            return None  # the edge admitted it from the same head
+        ticket = _ticket(scope)
+        if ticket is not None:
+            ticket.cpu_at = time.thread_time()  # the app begins
+            if ticket.admitted:
+                return None  # the edge admitted it from the same head
         headers = self._sheddable(scope)
         if headers is None:
             return None
@@ -216,14 +216,14 @@ class AdmissionPolicy:
 
     def answered(self, scope: Scope, error: ServiceError) -> None:
         """The app answered `error` (its error table): a shed is counted under its reason, and
-        a 503 to a `POST` is charged to the connection it came on (`tracked`). A `GET`'s 503
+        a 503 to a `POST` is charged to the connection it came on (`track`). A `GET`'s 503
         (`/readyz` while loading or draining) is a probe's answer, not a shed."""
         metrics.count_shed(error)
         if error.status == 503:
             self._charge_app(scope)
 
     def _charge_app(self, scope: Scope) -> None:
-        ticket = self._tickets.get(id(scope))
+        ticket = _ticket(scope)
         if ticket is None or scope["method"] != "POST":
             return
         ticket.caller.retry_at = time.monotonic() + _APP_RETRY_AFTER_S

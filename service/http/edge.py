@@ -9,8 +9,8 @@ the server's admission policy (`service.admission.policy.AdmissionPolicy`) what 
   status, headers, body, metrics and log line as the app would give it, and charged
   (`charge_edge`);
 - or hand it to the app (admitted from its head, or left to the app's gate: a request through
-  a proxy, an early retry). A `POST` is handed over through `tracked`, so that a 503 the app
-  answers for it is charged to this connection by the policy.
+  a proxy, an early retry). A `POST` is handed over with a ticket (`track`), so that a 503
+  the app answers for it is charged to this connection by the policy.
 
 Pipelined requests (started when the answer before them is sent) and a connection whose client
 does not read its answers (writing paused) take the app's path, which waits on the writes.
@@ -22,7 +22,6 @@ import asyncio
 import time
 from typing import Any, ClassVar, cast
 
-from starlette.types import ASGIApp
 from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
@@ -96,9 +95,7 @@ class EdgeProtocol(BoundedProtocol):
                 return "shed"
             head = decision
         if scope["method"] == "POST":
-            asgi = cast("ASGIApp", app)  # (uvicorn's type for it is narrower, not another)
-            tracked = policy.tracked(asgi, self._caller, admitted=head is Head.ADMITTED)
-            app = cast("ASGI3Application", tracked)
+            policy.track(scope, self._caller, admitted=head is Head.ADMITTED)
         super()._run_request(cycle, app)
         return "admitted"
 

@@ -47,6 +47,8 @@ EncodingField = (
 
 def needs_ranges(encodings: Any) -> bool:
     """Whether any of `encodings` (one, or several) is int8/uint8."""
+    if encodings is None:
+        return False
     chosen = encodings if isinstance(encodings, (list, tuple, set, frozenset)) else [encodings]
     return any(e in SCALAR for e in chosen)
 

@@ -105,15 +105,18 @@ def _rows_finish(is_list: bool) -> Any:
     return finish
 
 
+_ROOT_FIELDS = ("normalize", "prompt_name", "truncate", "dimensions", "truncation_direction")
+
+
 def _merged(request: FeatureExtractionRequest) -> dict[str, Any]:
     """Root-level fields (the spec) and `parameters` (older clients): one set; where a field
     is given in both, the root's wins (as `FeatureExtractionParams` says: every value of
     either place is valid by the document, so neither may be refused for the other)."""
-    root = request.model_dump(
-        exclude_none=True, include={"normalize", "prompt_name", "truncate", "dimensions"}
-    )
-    if request.truncation_direction is not None:
-        root["truncation_direction"] = request.truncation_direction
+    root = {
+        name: value
+        for name in _ROOT_FIELDS
+        if (value := getattr(request, name)) is not None  # (scalars: what model_dump gives)
+    }
     nested = pipeline_params(request.parameters)
     if "truncation" in nested:
         nested.setdefault("truncate", nested.pop("truncation"))
