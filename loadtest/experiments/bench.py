@@ -8,10 +8,18 @@ from __future__ import annotations
 from types import ModuleType
 
 from loadtest import bench
-from loadtest.experiments import burst, cpu_split, memory, pooled, profile, zero_shot
+from loadtest.experiments import (
+    batch_tokens,
+    burst,
+    cpu_split,
+    memory,
+    pooled,
+    profile,
+    zero_shot,
+)
 
 WORKLOADS: dict[str, ModuleType] = {
-    m.NAME: m for m in (cpu_split, profile, burst, memory, zero_shot, pooled)
+    m.NAME: m for m in (cpu_split, profile, burst, memory, zero_shot, pooled, batch_tokens)
 }
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import pytest
 
 from loadtest import corpus, proc, servers
 from loadtest.bench import parse_args
-from loadtest.experiments import burst, cpu_split, memory, pyspy, zero_shot
+from loadtest.experiments import batch_tokens, burst, cpu_split, memory, pyspy, zero_shot
 from loadtest.experiments.bench import WORKLOADS as STUDIES
 from loadtest.workloads import WORKLOADS, bulk, cost, short_inputs, storm, storm_kinds
 
@@ -538,3 +538,28 @@ def test_cost_divides_each_point_by_the_references_around_it() -> None:
     assert "call in process 1.50 (meets <= 1.5); p50 7.0 ms, over the client's floor and " in text
     assert "| default | 0 | 7.0 | 1.0 | 5.5 | 1.5 | - | 9.00 | 6.00 | 1.50 |" in text
     assert "| default | 32 | 0 | 90.0 | 0.86 | 12.00 | 12.00 | 1.30 | 0.100 |" in text
+
+
+def test_batch_token_budgets_are_parsed_and_each_compared_in_its_own_round() -> None:
+    assert batch_tokens.budgets("none, 2048,8192") == ["none", "2048", "8192"]
+    for bad in ("0", "-5", "lots", "none,1.5"):
+        with pytest.raises(ValueError, match="positive number of tokens"):
+            batch_tokens.budgets(bad)
+
+    def point(rate: float, p50: float) -> dict[str, float]:
+        return {"ok_per_s": rate, "p50_ms": p50, "p99_ms": 2 * p50}
+
+    # Round 2 ran slower for every server (drift): the ratio is taken within each round.
+    result = {
+        "budgets": ["none", "4096"],
+        "clients": 32,
+        "points": {
+            "none": {"mixed": [point(100, 80), point(100, 82), point(50, 90)]},
+            "4096": {"mixed": [point(110, 70), point(90, 75), point(60, 85)]},
+        },
+    }
+    rows = batch_tokens.summary(result)["mixed"]
+    assert rows["none"] == {"ok_per_s": 100, "p50_ms": 82, "p99_ms": 164, "of_base": 1.0}
+    assert rows["4096"]["ok_per_s"] == 90 and rows["4096"]["p50_ms"] == 75
+    assert rows["4096"]["of_base"] == pytest.approx(1.1)  # median of 1.1, 0.9, 1.2
+    assert "| mixed | 4096 | 90.0 | 1.10 | 75.0 | 150.0 |" in batch_tokens.table(result)
