@@ -200,7 +200,8 @@ def test_storm_input_is_three_sentences() -> None:
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
     assert list(WORKLOADS) == ["mixed", "short_inputs", "storm", "cost", "retrieval", "bulk"]
-    assert list(STUDIES) == ["cpu", "profile", "burst", "memory", "zero_shot", "pooled"]
+    studies_named = ["cpu", "profile", "burst", "memory", "zero_shot", "pooled", "batch_tokens"]
+    assert list(STUDIES) == studies_named
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
     assert args.only == ["storm", "short_inputs"] and args.storm_rounds == 2
     assert args.short_inputs == 500
@@ -209,6 +210,9 @@ def test_bench_knows_every_workload_and_parses_only() -> None:
     studies = parse_args(["--only", "burst,memory", "--quick"], STUDIES)
     assert studies.only == ["burst", "memory"] and studies.burst_count == 4
     assert studies.minutes == 2.0 and studies.workloads is STUDIES
+    budgets = parse_args(["--only", "batch_tokens", "--quick"], STUDIES)
+    assert budgets.budget_seconds == 6 and budgets.budget_rounds == 1
+    assert budgets.budgets == "none,2048,4096,8192"
     for unknown in (["--only", "nope"], ["--only", "burst"]):  # a study is not the bench's
         with pytest.raises(SystemExit):
             parse_args(unknown)
