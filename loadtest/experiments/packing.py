@@ -11,6 +11,9 @@ normalize) on batches of 32 of the corpus:
 - in arrival order, padded: what 32 closed-loop clients hand a padding batcher;
 - in arrival order, packed (`service.backends.packed`; torch only: the ONNX graph takes
   padded inputs);
+- formed under load, packed: the batches the server's policy forms at 128 closed-loop clients
+  (`service.engine.batching.policy.nearest_run` over a pool of 128 in arrival order: the
+  oldest input and the 31 nearest to it in length, then 32 more arrive);
 - length-sorted over the whole corpus, padded: the least padding batches of 32 can have.
 
 Each prints inputs/s, CPU milliseconds per input (every thread of the process: on shared
@@ -24,6 +27,7 @@ that a neighbour's load on shared cores falls on all of them alike; read the rat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -36,6 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 BACKENDS = (("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32"))
 SIZE = 32
+UNDER_LOAD = 128  # inputs waiting: 128 closed-loop clients
 TRUNCATE = {"truncate": True}  # the mixed corpus's longest inputs pass the model's limit
 
 
@@ -50,6 +55,28 @@ def batches(lengths: Sequence[int], size: int, sort: bool) -> list[list[int]]:
     if sort:
         random.Random(0).shuffle(groups)
     return groups
+
+
+def formed(lengths: Sequence[int], size: int, pool: int) -> list[list[int]]:
+    """Indices of the batches the packed batch policy forms (`nearest_run`) while `pool`
+    inputs wait, in arrival order: each batch leaves as many places, taken by the next inputs
+    of the list (the closed loop's clients sending again); the last inputs run as the pool
+    drains. In a shuffled order (a fixed seed), as `batches` gives length-sorted ones."""
+    from service.engine.batching.policy import nearest_run
+
+    arrivals = iter(range(len(lengths)))
+    waiting = list(itertools.islice(arrivals, pool))
+    out: list[list[int]] = []
+    while waiting:
+        picked = nearest_run(
+            [lengths[i] for i in waiting], must=None, max_size=size, max_tokens=None
+        )
+        out.append([waiting[k] for k in picked])
+        taken = set(picked)
+        waiting = [i for k, i in enumerate(waiting) if k not in taken]
+        waiting += itertools.islice(arrivals, len(picked))
+    random.Random(0).shuffle(out)
+    return out
 
 
 def computed_per_real(lengths: Sequence[int], groups: list[list[int]], packed: bool) -> float:
@@ -134,6 +161,7 @@ def measure(
         cases = [("arrival", "padded", arrival)]
         if "packed" in found:
             cases.append(("arrival", "packed", arrival))
+            cases.append(("formed", "packed", formed(lengths, SIZE, UNDER_LOAD)))
         cases.append(("sorted", "padded", ordered))
         timed = [Timed(found[way], texts, groups) for _, way, groups in cases]
         for _ in range(rounds):
@@ -163,6 +191,9 @@ def _units(texts: list[str]) -> list[Any]:
     return [Unit(op=Op.EMBED, text=t, params=TRUNCATE) for t in texts]
 
 
+ORDERS = {"arrival": "arrival order", "formed": "formed under load", "sorted": "length-sorted"}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per backend and way, the ratio to its arrival-order padded rate."""
     lines = [
@@ -178,7 +209,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             continue
         key = (r["backend"], r["dtype"])
         base.setdefault(key, r["inputs_per_s"])
-        way = f"{'arrival order' if r['order'] == 'arrival' else 'length-sorted'}, {r['compute']}"
+        way = f"{ORDERS[r['order']]}, {r['compute']}"
         ratio = r["inputs_per_s"] / base[key] if base[key] else 0.0
         lines.append(
             f"| {name} | {way} | {r['inputs_per_s']} | {ratio:.2f} | {r['cpu_ms_per_input']} "

@@ -132,10 +132,9 @@ def test_packed_batches_hold_max_batch_tokens_real_tokens(
     queued = run_behind_a_held_batch(b, engine, [20, 20, 20, 10, 100, 5, 4, 4, 4, 4])
     assert engine.batches == [
         [20, 20, 20],  # 60 real tokens: a batch at MAX_BATCH_TOKENS runs
-        [10],  # 10 + 100 is over: the oldest goes alone (a batch of one)
-        [100],  # over the budget by itself: alone
-        [5, 4, 4, 4],  # MAX_BATCH_SIZE (4) caps before the budget
-        [4],
+        [10, 5, 4, 4],  # the oldest and its nearest in length: MAX_BATCH_SIZE (4) caps first
+        [100],  # over the budget by itself: alone (a batch of one)
+        [4, 4],
     ]
     same_as_alone(engine, queued)
 

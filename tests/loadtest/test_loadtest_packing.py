@@ -28,18 +28,31 @@ def test_batches_in_arrival_order_and_length_sorted() -> None:
     assert packing.computed_per_real(lengths, ordered, packed=False) == pytest.approx(120 / 105)
 
 
+def test_batches_formed_under_load_hold_each_input_once_near_its_oldest() -> None:
+    lengths = [50, 10, 52, 11, 49, 12, 90]
+    formed = packing.formed(lengths, 2, pool=4)
+    assert sorted(i for b in formed for i in b) == list(range(len(lengths)))  # each once
+    # pool [50, 10, 52, 11]: the oldest (50) with 52; then 10 with 11; then [49, 12, 90]
+    # (49 and 12 arrived): 49 with 12 (the nearer of the two); 90 alone at the end
+    assert sorted(formed) == [[0, 2], [1, 3], [4, 5], [6]]
+    assert packing.formed(lengths, 2, pool=4) == formed  # the same shuffle every time
+
+
 def test_the_table_gives_each_way_against_arrival_order_padded() -> None:
     rows = [
         {"backend": "torch", "dtype": "float32", "order": "arrival", "compute": "padded",
          "inputs_per_s": 100.0, "cpu_ms_per_input": 20.0, "computed_per_real": 1.86},
         {"backend": "torch", "dtype": "float32", "order": "arrival", "compute": "packed",
          "inputs_per_s": 180.0, "cpu_ms_per_input": 11.0, "computed_per_real": 1.0},
+        {"backend": "torch", "dtype": "float32", "order": "formed", "compute": "packed",
+         "inputs_per_s": 190.0, "cpu_ms_per_input": 10.5, "computed_per_real": 1.0},
         {"backend": "onnx", "dtype": "float32", "skipped": "not served here"},
     ]  # fmt: skip
     lines = packing.table(rows).splitlines()
     assert lines[2] == "| torch float32 | arrival order, padded | 100.0 | 1.00 | 20.0 | 1.86 |"
     assert lines[3] == "| torch float32 | arrival order, packed | 180.0 | 1.80 | 11.0 | 1.00 |"
-    assert lines[4].startswith("| onnxruntime float32 | not served here |")
+    assert lines[4] == "| torch float32 | formed under load, packed | 190.0 | 1.90 | 10.5 | 1.00 |"
+    assert lines[5].startswith("| onnxruntime float32 | not served here |")
 
 
 def test_its_ways_answer_alike_and_time_batches(tmp_path: Path) -> None:

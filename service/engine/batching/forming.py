@@ -174,12 +174,13 @@ class BatchFormer:
 
     def select(self, last_s: float) -> list[Item]:
         """The next batch from the pool (`service.engine.batching.policy`: padding-aware, or
-        the oldest when the forward is packed), with any input passed over MAX_PASSES times or
-        whose deadline is within 4 x `last_s`, and while bulk inputs wait, the oldest
-        interactive one (`next_must`); while interactive traffic is recent, interactive inputs
-        alone or a slice of bulk inputs, else at most IDLE_SLICES slices (`policy.bulk_slice`).
-        Units of every op and parameter set share batches: parameters only change each unit's
-        own tokenization and answer, never the forward."""
+        the oldest input and those nearest it in length when the forward is packed), with any
+        input passed over MAX_PASSES times or whose deadline is within 4 x `last_s`, and while
+        bulk inputs wait, the oldest interactive one (`next_must`); while interactive traffic
+        is recent, interactive inputs alone or a slice of bulk inputs, else at most
+        IDLE_SLICES slices (`policy.bulk_slice`). Units of every op and parameter set share
+        batches: parameters only change each unit's own tokenization and answer, never the
+        forward."""
         now = time.monotonic()
         recent = now - self.interactive_at < INTERACTIVE_RECENT_S
         candidates, must = next_must(
