@@ -182,6 +182,56 @@ def test_attention_groups_sequences_of_similar_length_and_equals_one_padded_call
         assert (got - expected).abs().max() <= FLOAT32
 
 
+def test_bfloat16_groups_of_several_attend_as_float32_does_within_its_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In bfloat16 a group of several sequences attends by two matrix products around a
+    float32 softmax, a sequence alone by torch's fused kernel; every real row stays within
+    bfloat16's precision of float32 attention, with a bias or without, and splitting a group
+    into steps changes nothing."""
+    import torch
+    import torch.nn.functional as F
+
+    from service.backends import packing as packing_module
+
+    lengths = [88, 10, 12, 60, 11, 3, 12, 12]
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    packing = Packing.of(mask)
+    assert [(g.width, g.count) for g in packing.groups] == [(88, 1), (60, 1), (12, 6)]
+    torch.manual_seed(1)
+    heads, width = 4, 32
+    q, k, v = (torch.randn(packing.tokens, width) for _ in range(3))
+    bias = torch.randn(1, heads, 88, 88)
+    fused = 0
+    sdpa = F.scaled_dot_product_attention
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal fused
+        fused += 1
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    for b in (None, bias):
+        expected = packing.attend(q, k, v, heads=heads, scale=0.3, bias=b)
+        fused = 0
+        got = packing.attend(
+            *(x.bfloat16() for x in (q, k, v)), heads=heads, scale=0.3, bias=b
+        ).float()
+        assert fused == 2  # the two sequences alone; the group of six by the products
+        cosine = F.cosine_similarity(got, expected, dim=1)
+        assert float(cosine.min()) >= 0.999
+        assert float((got - expected).abs().max()) <= 0.05 * float(expected.abs().max())
+        monkeypatch.setattr(packing_module, "SCORES_PER_STEP", heads * 12 * 12 * 4)  # 2 steps
+        stepped = packing.attend(
+            *(x.bfloat16() for x in (q, k, v)), heads=heads, scale=0.3, bias=b
+        ).float()
+        monkeypatch.undo()
+        monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+        assert torch.equal(stepped, got)
+
+
 def test_models_it_cannot_pack_run_padded(tmp_path: Path) -> None:
     from transformers import AutoModel
 
