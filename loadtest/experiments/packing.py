@@ -13,7 +13,8 @@ normalize) on batches of 32 of the corpus:
   padded inputs);
 - formed under load, packed: the batches the server's policy forms at 128 closed-loop clients
   (`service.engine.batching.policy.nearest_run` over a pool of 128 in arrival order: the
-  oldest input and the 31 nearest to it in length, then 32 more arrive);
+  oldest input and the 31 nearest to it in length among the oldest 64, then 32 more
+  arrive);
 - length-sorted over the whole corpus, padded: the least padding batches of 32 can have.
 
 Each prints inputs/s, CPU milliseconds per input (every thread of the process: on shared
