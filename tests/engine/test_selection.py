@@ -138,7 +138,8 @@ def test_packed_batches_under_load_come_out_closer_to_length_sorted() -> None:
         assert picked[0] == 0 and len(picked) == 32  # the oldest, a full batch
         assert max(picked) < PACKED_WINDOW * 32  # chosen among the oldest
         formed.append([arrivals[waiting[k]] for k in picked])
-        waiting = [i for k, i in enumerate(waiting) if k not in set(picked)]
+        taken = set(picked)
+        waiting = [i for k, i in enumerate(waiting) if k not in taken]
         waiting += [next(following) for _ in picked]
 
     def padding(batches: list[list[int]]) -> float:
