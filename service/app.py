@@ -19,6 +19,7 @@ from service.engine.loading import load_engine
 from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
 from service.http import context
 from service.http.context import RequestContext
+from service.http.direct import DirectRoutes, post_handlers
 from service.http.gate import AdmissionGate
 from service.log import configure_logging
 from service.protocols.routes import INFERENCE_PATHS, ROUTES
@@ -83,8 +84,10 @@ def create_app(settings: Settings | None = None, engine_factory: Any = load_engi
     )
     # No 307 from /readyz/ to /readyz: the redirect echoes the client's Host header.
     app.router.redirect_slashes = False
-    # Inner first: sheds from the head come before routing, inside the request context (ids,
-    # the log line and the request metrics are the same for every answer).
+    # Inner first: the model routes' POSTs skip the router; sheds from the head come before
+    # routing, inside the request context (ids, the log line and the request metrics are the
+    # same for every answer).
+    app.add_middleware(DirectRoutes, handlers=post_handlers(ROUTES), on_error=on_service_error)
     app.add_middleware(AdmissionGate, policy=admission)
     app.add_middleware(RequestContext)
     app.state.runtime = runtime

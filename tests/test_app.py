@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from helpers import SEED_TEXT, app_client, wait_ready
 from starlette.testclient import TestClient
 
 from service.app import create_app
+from service.engine.batching.batcher import GC_YOUNG_THRESHOLD
 from service.settings import Settings
 
 
@@ -187,3 +189,11 @@ def test_a_list_error_from_the_thread_names_the_input(tiny_models: dict[str, Pat
         assert r.status_code == 422
         assert r.json()["error"].startswith("inputs[1]: input is ")
         assert "at most 512 tokens" in r.json()["error"]
+
+
+def test_once_loaded_the_collector_skips_the_load_and_collects_young_objects_less_often(
+    embedded_client: TestClient,
+) -> None:
+    assert embedded_client.get("/readyz").status_code == 200
+    assert gc.get_freeze_count() > 100_000  # torch's and the model's objects
+    assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD > 700
