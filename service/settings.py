@@ -57,7 +57,8 @@ class Settings(BaseSettings):
     revision: str | None = None
     device: Literal["cpu", "cuda", "auto"] = "auto"
     # auto: the fastest that keeps float32's answers, checked at start (docs/backends.md).
-    # int8: onnxruntime's calibrated static int8 (CPU only, opt-in, never chosen by auto).
+    # int8: a calibrated static int8 graph run on OpenVINO (CPU only, opt-in, never chosen by
+    # auto).
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
     trust_remote_code: bool = False
     # How a batch is computed: auto (the fastest that keeps the answers), torch, onnx.
@@ -177,15 +178,15 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _int8_is_for_cpu(self) -> Settings:
         if self.dtype == "int8" and self.device == "cuda":
-            raise ValueError(
-                "DTYPE=int8 (onnxruntime static quantization) runs on the CPU; set DEVICE=cpu"
-            )
+            raise ValueError("DTYPE=int8 (static int8 on OpenVINO) runs on the CPU; set DEVICE=cpu")
         return self
 
     @model_validator(mode="after")
     def _backend_runs_dtype(self) -> Settings:
         if self.dtype == "int8" and self.backend == "torch":
-            raise ValueError("DTYPE=int8 runs on onnxruntime; set BACKEND=onnx or BACKEND=auto")
+            raise ValueError(
+                "DTYPE=int8 runs an exported graph on OpenVINO, not torch; set BACKEND=auto"
+            )
         if self.backend == "onnx" and self.dtype in ("bfloat16", "float16"):
             raise ValueError(
                 f"BACKEND=onnx runs float32 or int8, not DTYPE={self.dtype}; set DTYPE=auto, "

@@ -118,7 +118,7 @@ def test_auto_never_measures_int8_and_dtype_int8_measures_it_alone() -> None:
 
     expected = [("torch", "float32"), ("onnx", "float32")]
     assert names("auto", "auto") == expected + ([("torch", "bfloat16")] if native_bf16() else [])
-    assert names("auto", "int8") == [("onnx", "int8")]
+    assert names("auto", "int8") == [("openvino", "int8")]
     assert names("torch", "float32") == [("torch", "float32")]
 
 

@@ -94,7 +94,7 @@ def test_int8_is_static_and_within_its_measured_bound(
     """Calibrated static int8 (docs/backends.md: min 0.9968 / mean 0.9984 on the short corpus),
     on texts it was not calibrated on; /info names the recipe and states the quality measured
     at start."""
-    assert (int8_engine.info.backend, int8_engine.info.dtype) == ("onnx", "int8")
+    assert (int8_engine.info.backend, int8_engine.info.dtype) == ("openvino", "int8")
     assert not set(TEXTS) & set(read_set().texts)
     summary = int8_engine.info.backend_summary
     assert summary["quantization"]["method"].startswith("static QDQ")

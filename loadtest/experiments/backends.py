@@ -3,7 +3,7 @@
     python -m loadtest.experiments.backends [--n 2000] [--budget-s 20] [--out backends.json]
 
 For each backend and dtype the server can serve (torch float32, torch bfloat16, onnxruntime
-float32, onnxruntime int8), built as the server builds it (`load_engine` with BACKEND/DTYPE):
+float32, int8 on OpenVINO), built as the server builds it (`load_engine` with BACKEND/DTYPE):
 tokenizer + forward + pooling + normalize (`engine.prepare` + `engine.run`, the server's own
 path) on length-sorted batches of 32, 8 and 1, inputs/s over a time budget per batch size; and
 its sentence embeddings against torch float32's on the whole corpus: cosine (min / mean) and
@@ -30,7 +30,7 @@ import numpy as np
 
 from loadtest.corpus import short_inputs
 
-BACKENDS = (("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32"), ("onnx", "int8"))
+BACKENDS = (("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32"), ("openvino", "int8"))
 SIZES = (32, 8, 1)
 
 
@@ -95,7 +95,8 @@ def measure(n: int, budget_s: float) -> list[dict[str, Any]]:
     once = distinct(texts)
     rows, reference = [], None
     for backend, dtype in BACKENDS:
-        engine = load_engine(Settings(backend=backend, dtype=dtype))  # type: ignore[arg-type]
+        setting = "auto" if backend == "openvino" else backend  # DTYPE=int8 picks OpenVINO
+        engine = load_engine(Settings(backend=setting, dtype=dtype))  # type: ignore[arg-type]
         if (engine.info.backend, engine.info.dtype) != (backend, dtype):
             rows.append({"backend": backend, "dtype": dtype, "skipped": "not served here"})
             continue

@@ -9,7 +9,8 @@ of a masked-LM model.
 - `service.backends.torch_backend`: the transformers model in float32, bfloat16 or float16.
 - `service.backends.packed`: the same, padding-free, for BERT-family encoders
   (`service.backends.packing`: where a batch's real tokens lie, attention over them).
-- `service.backends.onnx_backend`: onnxruntime on an exported graph (float32, or int8).
+- `service.backends.onnx_backend`: onnxruntime on an exported graph (float32).
+- `service.backends.openvino_backend`: OpenVINO on the exported int8 graph (DTYPE=int8).
 - `service.backends.export`: the ONNX export and its cache.
 - `service.backends.ranking`: timing and checking candidates against torch float32 at start.
 - `service.backends.candidates`: which candidates BACKEND/DTYPE allow here, and the one served.

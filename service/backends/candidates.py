@@ -8,8 +8,8 @@ from the engine (`Trial`: its own padded batches, its own pooling). Candidates:
 - onnxruntime float32 (CPU): exported once, cached (`service.backends.export`);
 - torch bfloat16 on a CPU with native bfloat16 (AVX512-BF16 or AMX: elsewhere torch emulates
   it, about 100x slower), and torch float16 and bfloat16 on CUDA;
-- onnxruntime int8 (calibrated static, `service.backends.int8`) only when DTYPE=int8 asks for
-  it (never chosen by `auto`).
+- int8 (calibrated static, made by onnxruntime's quantizer and run on OpenVINO:
+  `service.backends.int8`) only when DTYPE=int8 asks for it (never chosen by `auto`).
 An explicit BACKEND and DTYPE serve that one candidate (measured, for /info), or torch float32
 with one log line saying why when it cannot be built (a model that does not export). With both
 `auto`, the choice is cached and a restart on the same machine reuses it without measuring
@@ -257,7 +257,7 @@ def allowed(
                 raise ValueError("no calibration texts for int8")
             return int8.backend(_graph(pipe, folder, example), threads, calibration)
 
-        return [Candidate("onnx", "int8", static_int8)]
+        return [Candidate("openvino", "int8", static_int8)]
     if backend in ("auto", "torch") and dtype in ("auto", "float32"):
         out.append(Candidate("torch", "float32", lambda: _packed_or(ref, pipe.model, cuda)))
     if backend in ("auto", "onnx") and dtype in ("auto", "float32") and not cuda:

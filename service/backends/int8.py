@@ -1,4 +1,5 @@
-"""DTYPE=int8: onnxruntime's calibrated static int8 (QDQ) of the float32 graph, SmoothQuant first.
+"""DTYPE=int8: a calibrated static int8 (QDQ) of the float32 graph, SmoothQuant first, made by
+onnxruntime's quantizer and run on OpenVINO (`service.backends.openvino_backend`).
 
 The recipe (`RECIPE`; docs/backends.md gives what each option tried measured):
 - calibration: the engine's own padded batches of the calibration texts (CALIBRATION_FILE, else
@@ -9,8 +10,8 @@ The recipe (`RECIPE`; docs/backends.md gives what each option tried measured):
   calibration's real tokens; a Mul by 1/s is inserted on X and W's rows are scaled by s, so the
   float graph computes the same and the activations' outlier channels move into the weights;
 - `quantize_static`, QDQ, MinMax ranges: activations uint8 per tensor (asymmetric), weights
-  int8 per output channel, every MatMul output left float (onnxruntime fuses each into
-  MatMulIntegerToFloat: quantized outputs cost a cosine of 0.93);
+  int8 per output channel, every MatMul output left float (quantized outputs cost a cosine
+  of 0.93);
 - which MatMuls: those with constant weights that do not narrow (C_in <= C_out: query, key,
   value, attention output, feed-forward input); those that narrow (the feed-forward output
   projection, whose GELU input has per-token outliers, and classifier heads), the attention's
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from service.backends.export import cache_root, publish
-from service.backends.onnx_backend import OnnxBackend
+from service.backends.openvino_backend import OpenVinoBackend
 
 FORMAT = 1  # bumped when what the recipe does changes
 RECIPE: Mapping[str, Any] = {
@@ -47,6 +48,7 @@ RECIPE: Mapping[str, Any] = {
     "weights": "int8, per output channel",
     "quantized": "MatMuls with constant weights that do not narrow (C_in <= C_out)",
     "float": "narrowing MatMuls (feed-forward output, heads), attention scores, MatMul outputs",
+    "runtime": "OpenVINO (CPU plugin, its default inference precision for what stays float)",
     "format": FORMAT,
 }
 
@@ -196,8 +198,8 @@ def smooth_matmuls(
         model.graph.node.insert(at, mul)
 
 
-def backend(graph: Path, threads: int, calibration: CalibrationBatches) -> OnnxBackend:
-    """An onnxruntime session over the int8 graph of the float32 `graph`."""
-    served = OnnxBackend(quantized(graph, calibration), threads, dtype="int8")
+def backend(graph: Path, threads: int, calibration: CalibrationBatches) -> OpenVinoBackend:
+    """OpenVINO over the int8 graph of the float32 `graph`."""
+    served = OpenVinoBackend(quantized(graph, calibration), threads, dtype="int8")
     served.quantization = dict(RECIPE)
     return served

@@ -1,4 +1,4 @@
-"""onnxruntime on an exported graph (CPU execution provider): float32, or static int8."""
+"""onnxruntime on an exported graph (CPU execution provider): float32."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class OnnxBackend:
     name = "onnx"
     compute = "padded"
     padded_because = "the exported graph takes padded [B, L] inputs (docs/backends.md)"
-    quantization: dict[str, Any] | None = None  # int8: the recipe (/info's `quantization`)
+    quantization: dict[str, Any] | None = None  # not quantized (/info's `quantization`)
 
     def __init__(self, path: Path, threads: int, dtype: str = "float32") -> None:
         import onnxruntime as ort

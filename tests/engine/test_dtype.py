@@ -11,7 +11,7 @@ from service.settings import SettingsError, load_settings
     "env, name, words",
     [
         ({"DTYPE": "int8", "DEVICE": "cuda"}, "DTYPE", "DEVICE=cpu"),
-        ({"DTYPE": "int8", "BACKEND": "torch"}, "DTYPE", "onnxruntime"),
+        ({"DTYPE": "int8", "BACKEND": "torch"}, "DTYPE", "OpenVINO"),
         ({"BACKEND": "onnx", "DTYPE": "bfloat16"}, "BACKEND", "float32 or int8"),
         ({"BACKEND": "onnx", "DEVICE": "cuda", "DTYPE": "auto"}, "BACKEND", "DEVICE=cpu"),
         ({"BACKEND": "tensorrt"}, "BACKEND", "'auto', 'torch' or 'onnx'"),
