@@ -20,8 +20,8 @@ of each text's 10 nearest neighbours kept, over its distinct texts (the corpus r
 `loadtest.experiments.backends`). Speed: inputs/s of the graph alone (onnxruntime with the
 server's session options, 2 threads; batches of 32, length-sorted, tokenized beforehand), each
 graph once per round, rounds alternated, the best round kept; beside them the engines of torch
-bfloat16 and of the served int8 (`engine.prepare_many` + `engine.run`: tokenizing included), as
-the backends study times them. Prints a markdown table.
+bfloat16 and of the served int8 (the served recipe's graph on OpenVINO; `engine.prepare_many` +
+`engine.run`: tokenizing included), as the backends study times them. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def measure(n: int, rounds: int, work: Path) -> list[dict[str, Any]]:
     once = distinct(texts)
     engines = {
         "torch bfloat16 (engine)": load_engine(Settings(backend="torch", dtype="bfloat16")),
-        "static int8, served (engine)": load_engine(Settings(backend="onnx", dtype="int8")),
+        "static int8 on OpenVINO, served (engine)": load_engine(Settings(dtype="int8")),
     }
     speeds: dict[str, list[float]] = {name: [] for name in [*engines, *graphs]}
     vectors: dict[str, np.ndarray] = {}
