@@ -54,13 +54,19 @@ class OnnxBackend:
     def forward(self, inputs: Mapping[str, Any]) -> Any:
         import torch
 
-        feed = {name: _numpy(inputs[name]) for name in self.input_names if name in inputs}
-        missing = [name for name in self.input_names if name not in inputs]
-        for name in missing:  # token_type_ids of a graph that takes them, for a single text
-            feed[name] = _numpy(inputs["input_ids"]) * 0
-        (output,) = self.session.run([self._first_output], feed)
+        (output,) = self.session.run([self._first_output], graph_feed(inputs, self.input_names))
         return torch.from_numpy(output).float()
 
 
-def _numpy(tensor: Any) -> Any:
-    return tensor.numpy() if hasattr(tensor, "numpy") else tensor
+def graph_feed(inputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
+    """The numpy arrays an exported graph taking `names` is fed from the engine's `inputs`
+    (tensors or arrays): the ones it names, others dropped; a name it takes that `inputs`
+    lacks (token_type_ids, for a single text) as zeros shaped like `input_ids`."""
+
+    def array(tensor: Any) -> Any:
+        return tensor.numpy() if hasattr(tensor, "numpy") else tensor
+
+    return {
+        name: array(inputs[name]) if name in inputs else array(inputs["input_ids"]) * 0
+        for name in names
+    }

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from service.backends.onnx_backend import graph_feed
+
 
 def compile_config(threads: int) -> dict[str, Any]:
     """`threads` inference threads (the torch thread count: the container's CPU quota), one
@@ -46,13 +48,5 @@ class OpenVinoBackend:
     def forward(self, inputs: Mapping[str, Any]) -> Any:
         import torch
 
-        ids = _numpy(inputs["input_ids"])
-        feed = {
-            name: _numpy(inputs[name]) if name in inputs else ids * 0 for name in self.input_names
-        }
-        output = self._request.infer(feed)[0]
-        return torch.from_numpy(output.copy()).float()
-
-
-def _numpy(tensor: Any) -> Any:
-    return tensor.numpy() if hasattr(tensor, "numpy") else tensor
+        output = self._request.infer(graph_feed(inputs, self.input_names))[0]
+        return torch.from_numpy(output.copy()).float()  # the request's buffer is reused
