@@ -99,7 +99,7 @@ def test_info_describes_model_and_settings(embedded_client: TestClient) -> None:
     )
     assert model["dimension"] == 384 and model["labels"] is None
     assert info["model"]["torch_threads"] >= 1
-    assert info["batching"]["max_batch_size"] == 32
+    assert (info["batching"]["max_batch_size"], info["batching"]["max_batch_tokens"]) == (64, 8192)
     assert {"torch", "transformers"} <= set(info["versions"])
 
 

@@ -28,7 +28,8 @@ def test_settings_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -
     for name in Settings.model_fields:
         monkeypatch.delenv(name.upper(), raising=False)
     s = load_settings()
-    assert (s.max_batch_size, s.max_batch_wait_ms, s.max_queue_size) == (32, 0, 256)
+    assert (s.max_batch_size, s.max_batch_wait_ms, s.max_queue_size) == (64, 0, 256)
+    assert s.max_batch_tokens == 8192
     assert (s.max_client_batch_size, s.max_body_bytes, s.request_timeout_s) == (2048, 4 << 20, 30)
     assert s.openai_token_ids == "refuse"
     assert (s.liveness_stall_s, s.drain_timeout_s, s.host, s.port) == (120, 25, "127.0.0.1", 8000)
@@ -62,7 +63,15 @@ def test_empty_variable_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAX_BATCH_TOKENS", "")
     monkeypatch.setenv("API_KEY", "")
     s = load_settings()
-    assert s.max_batch_tokens is None and s.api_key is None
+    assert s.max_batch_tokens == 8192 and s.api_key is None  # the defaults
+
+
+def test_zero_batch_tokens_is_no_token_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAX_BATCH_TOKENS", "0")
+    assert load_settings().max_batch_tokens is None  # 0: no token budget
+    monkeypatch.setenv("MAX_BATCH_TOKENS", "-1")
+    with pytest.raises(SettingsError, match="MAX_BATCH_TOKENS"):
+        load_settings()
 
 
 def test_log_level_and_format_take_any_case(monkeypatch: pytest.MonkeyPatch) -> None:

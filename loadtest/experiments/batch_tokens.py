@@ -2,13 +2,13 @@
 
 ``python -m loadtest.experiments.bench --only batch_tokens`` (about 5 minutes; ``--quick``
 about 2). One default server per budget (``--budgets``, default ``none,2048,4096,8192``:
-none leaves MAX_BATCH_SIZE, 32, the only cap), all started before any point, so each idles
-at about no CPU while another is measured. Then ``--rounds`` rounds; in each, every server in
-turn gets one closed-loop wrk point (``--budget-clients`` connections, 32 by default,
-``--budget-seconds`` each, one JSON input a request on ``POST /``) on each input set:
+none is MAX_BATCH_TOKENS=0, MAX_BATCH_SIZE the only cap), all started before any point, so
+each idles at about no CPU while another is measured. Then ``--rounds`` rounds; in each,
+every server in turn gets one closed-loop wrk point (``--budget-clients`` connections, 32 by
+default, ``--budget-seconds`` each, one JSON input a request on ``POST /``) on each input set:
 
 - short: the short corpus (about 42 tokens, at most 100), where a batch of 32 holds at most
-  3,200 tokens, so budgets of 4,096 and up never bind;
+  3,200 tokens (64: 6,400), so budgets of 4,096 (8,192) and up never bind;
 - mixed: the mixed-length corpus (about 97 tokens mean; its longest inputs ask for
   truncation at the model's limit, 256 tokens for the embedded model), where they do.
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         served = {}
         for b in chosen:
-            env = {} if b == NONE else {"MAX_BATCH_TOKENS": b}
+            env = {"MAX_BATCH_TOKENS": "0" if b == NONE else b}
             log = args.results / f"{NAME}-{b}.log"
             served[b] = stack.enter_context(
                 servers.pipeline_server(common.server_env(args, **env), log)

@@ -4,7 +4,7 @@
 
 Each backend runs in a process of its own, built as the server builds it (`load_engine` with
 BACKEND/DTYPE; `auto` is the default server's choice, small batches routed included): batches
-of a random size (1 to MAX_BATCH_SIZE inputs, the server's bound: 32 by default) of the
+of a random size (1 to MAX_BATCH_SIZE inputs, the server's bound: 64 by default) of the
 mixed-length corpus (8 to 256 tokens: every batch a new (B, L) shape), one after another
 through `prepare_many` + `run`, the server's own path, for `--minutes`. Its RSS is sampled
 every `--interval` seconds. The processes run side by side, each with `--threads` torch

@@ -18,7 +18,7 @@ import yaml
 from starlette.routing import Route
 
 from service.protocols.routes import ROUTES
-from service.settings import Settings
+from service.settings import Settings, load_settings
 
 from .helm import (
     CHART,
@@ -269,6 +269,21 @@ def test_settings_come_from_values() -> None:
     assert env["DRAIN_TIMEOUT_S"]["value"] == "20"
     assert env["TASK"]["value"] == "fill-mask"
     assert env["MAX_BODY_BYTES"]["value"] == "4194304"  # not 4.194304e+06
+
+
+@pytest.mark.parametrize(
+    "sets, size, tokens",
+    [((), 64, 8192), (("server.maxBatchTokens=0",), 64, None)],
+)
+def test_batch_bounds_from_values_are_read_as_the_service_reads_them(
+    monkeypatch: pytest.MonkeyPatch, sets: tuple[str, ...], size: int, tokens: int | None
+) -> None:
+    """The chart's defaults are the service's; maxBatchTokens 0 is no token budget."""
+    env = env_map(server_container(render(None, *sets)))
+    for name in ("MAX_BATCH_SIZE", "MAX_BATCH_TOKENS"):
+        monkeypatch.setenv(name, env[name]["value"])
+    settings = load_settings()
+    assert (settings.max_batch_size, settings.max_batch_tokens) == (size, tokens)
 
 
 def test_api_key_comes_from_a_secret() -> None:

@@ -20,12 +20,11 @@ How a batch is computed decides both (`ModelInfo.compute`, `service.backends.pac
   group, so a batch of similar lengths makes fewer calls: the batch is the oldest input and,
   among the oldest PACKED_WINDOW x MAX_BATCH_SIZE inputs, those nearest to it in length, at
   most MAX_BATCH_SIZE of them and MAX_BATCH_TOKENS real tokens (TEI's `max-batch-tokens`).
-  With no more than MAX_BATCH_SIZE waiting (a light load) that is all of them; under load
-  (128 closed-loop clients keep about 100 inputs waiting) the batches come out closer to
-  length-sorted. The window bounds what the order costs the tail: the mean wait is the
-  same as in arrival order, but an input can be passed over: at 128 clients the p99 latency
-  was 410-500 ms against 310-360 in arrival order, and 590-610 choosing among every input
-  waiting (docs/backends.md).
+  With no more than MAX_BATCH_SIZE waiting that is all of them, in arrival order: at the
+  default 64, 128 closed-loop clients find 64 waiting whenever a batch ends. With more
+  waiting the batches come out closer to length-sorted, at a cost to the tail: an input can
+  be passed over (at 128 clients and MAX_BATCH_SIZE 32, about 96 waiting, the p99 latency
+  was 430-500 ms against 250-320 at 64; docs/backends.md). The window bounds that cost.
 
 Either way a single input always runs, whatever its length. Starvation is bounded: an input
 passed over MAX_PASSES times, or whose deadline is near, must be in the next batch (earliest
