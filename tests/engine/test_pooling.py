@@ -267,6 +267,19 @@ def test_same_text_alone_or_beside_longer_texts(embedded: tuple[Ours, SentenceTr
     assert float((alone[0] - beside[0]).abs().max()) < 1e-5
 
 
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+def test_nan_pad_rows_never_reach_a_real_row(left: bool) -> None:
+    """A decoder's fully masked left padding can give NaN rows: the answers are those of the
+    same batch with finite pads (mean pooling multiplies by the mask, as ST does)."""
+    hidden, mask = padded_batch(left)
+    nan_pads = hidden.masked_fill(mask.unsqueeze(-1) == 0, float("nan"))
+    lengths = torch.tensor([2, 1, 1, 0])
+    got = pool(nan_pads, mask, MODES, lengths)
+    expected = pool(hidden, mask, MODES, lengths)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.allclose(got.nan_to_num(), expected.nan_to_num(), atol=1e-6)
+
+
 def test_pool_half_precision_is_float32_out() -> None:
     hidden, mask = padded_batch(left=False)
     got = pool(hidden.clamp(-10, 10).half(), mask, ("mean", "max"))

@@ -88,20 +88,29 @@ def embed_rows(
     if not rows:
         return {}
     assert modes is not None
-    index = torch.tensor(rows, device=hidden.device)
     prompt = torch.tensor([batch[i].payload.prompt_tokens for i in rows])
     mask = mask.to(hidden.device)
-    vectors = pool(hidden[index], mask[index], modes, prompt if prompt.any() else None)
+    if len(rows) < len(batch):  # only the embedding units' rows (a copy of theirs)
+        index = torch.tensor(rows, device=hidden.device)
+        hidden, mask = hidden[index], mask[index]
+    vectors = pool(hidden, mask, modes, prompt if prompt.any() else None)
     vectors = heads.apply_dense(vectors, dense)
-    out: dict[int, Any] = {}
+    # Cut and normalize once for each (normalize, dimensions) the units ask for, not per row.
+    shapes: dict[tuple[bool, int | None], list[int]] = {}
     for j, i in enumerate(rows):
         params = batch[i].unit.params
-        normalize, dimensions = bool(params.get("normalize", True)), params.get("dimensions")
-        vector = finish(vectors[j : j + 1], normalize=normalize, dimensions=dimensions)[0]
-        out[i] = vector.cpu().numpy()
-        if params.get("ranges"):  # int8/uint8 asked: the ranges of this width and norm
-            assert calibration is not None  # adapters ask only where it was made
-            out[i] = Ranged(out[i], calibration.ranges(normalize, dimensions))
+        key = (bool(params.get("normalize", True)), params.get("dimensions"))
+        shapes.setdefault(key, []).append(j)
+    out: dict[int, Any] = {}
+    for (normalize, dimensions), js in shapes.items():
+        chosen = vectors if len(js) == len(rows) else vectors[torch.tensor(js)]
+        finished = finish(chosen, normalize=normalize, dimensions=dimensions).cpu().numpy()
+        for j, vector in zip(js, finished, strict=True):
+            i = rows[j]
+            out[i] = vector
+            if batch[i].unit.params.get("ranges"):  # int8/uint8: ranges of this width and norm
+                assert calibration is not None  # adapters ask only where it was made
+                out[i] = Ranged(vector, calibration.ranges(normalize, dimensions))
     return out
 
 

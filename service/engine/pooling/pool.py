@@ -37,7 +37,6 @@ def pool(
         mask = mask & (positions >= first + prompt_lengths.to(h.device).view(-1, 1))
     rows = torch.arange(h.shape[0], device=h.device)
     keep = mask.unsqueeze(-1)  # [B, L, 1]
-    zeroed = h.masked_fill(~keep, 0.0)
     count = mask.sum(dim=1, keepdim=True).float().clamp(min=1e-9)  # [B, 1]
     out: list[torch.Tensor] = []
     for mode in modes:
@@ -46,18 +45,32 @@ def pool(
         elif mode == "max":
             out.append(h.masked_fill(~keep, float("-inf")).amax(dim=1))
         elif mode == "mean":
-            out.append(zeroed.sum(dim=1) / count)
+            out.append(_kept_sum(h, keep) / count)
         elif mode == "mean_sqrt_len_tokens":
-            out.append(zeroed.sum(dim=1) / count.sqrt())
+            out.append(_kept_sum(h, keep) / count.sqrt())
         elif mode == "weightedmean":  # weight 1 on the first real token, 2 on the next, ...
             weights = ((positions - first + 1) * mask).float().unsqueeze(-1)
+            zeroed = h.masked_fill(~keep, 0.0)
             out.append((zeroed * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
         elif mode == "lasttoken":  # the last kept token; zeros when none is kept
             last = mask.shape[1] - 1 - mask.flip(1).int().argmax(dim=1)
-            out.append(zeroed[rows, last])
+            out.append(torch.where(keep[rows, last], h[rows, last], 0.0))
         else:
             raise UnsupportedModel(f"pooling mode {mode!r} is not supported; use {MODES}")
     return torch.cat(out, dim=-1)
+
+
+def _kept_sum(h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The sum over L of `h` [B, L, H] where `keep` [B, L, 1] is True: [B, H].
+
+    Multiplied by the mask, as ST's mean pooling does (a broadcast `masked_fill` took 5-6x as
+    long on a batch of 32 x 88 x 384). A pad row that is not finite (a decoder's fully masked
+    left padding can give NaN) would leak into that product, so a result that is not finite is
+    summed again with the pad rows filled in."""
+    summed = (h * keep).sum(dim=1)
+    if bool(summed.isfinite().all()):
+        return summed
+    return h.masked_fill(~keep, 0.0).sum(dim=1)
 
 
 def normalize_rows(x: torch.Tensor) -> torch.Tensor:
