@@ -4,11 +4,12 @@ A padded batch computes B x L tokens, of which only T are real; on the benchmark
 batches of 32 in arrival order compute 1.86 tokens per real token. Packed, the batch's real
 tokens are concatenated into one [T, H] matrix and every token-wise part of the encoder runs on
 it: the embeddings (word, position and token-type lookups and their layer norm), the query,
-key, value and output projections, the feed-forward layers and the layer norms, more than 90%
-of the FLOPs at these lengths. Only attention sees the sequences apart
-(`service.backends.packing.Packing.attend`: a padded SDPA with a key mask over the packed
-rows). The output is scattered back to the padded shape the engine expects ([B, L, H] token
-rows or [B, L, vocab] masked-LM logits, zeros at padding) or is a classifier's [B, labels].
+key, value and output projections (query, key and value as one product: `_fused_qkv`), the
+feed-forward layers and the layer norms, more than 90% of the FLOPs at these lengths. Only
+attention sees the sequences apart (`service.backends.packing.Packing.attend`: a padded SDPA
+with a key mask over the packed rows). The output is scattered back to the padded shape the
+engine expects ([B, L, H] token rows or [B, L, vocab] masked-LM logits, zeros at padding) or
+is a classifier's [B, labels].
 
 Supported: the model's own `BertModel`, `RobertaModel`, `XLMRobertaModel` and `MPNetModel`
 (MiniLM, e5, bge and gte are BERTs), their `...ForSequenceClassification` (rerankers, NLI for
@@ -63,6 +64,7 @@ class PackedForward:
         self.model = model
         self.base = model.base_model
         self.family = str(model.config.model_type)
+        self.qkv = [_fused_qkv(layer, self.family) for layer in self.base.encoder.layer]
         name = type(model).__name__
         self.head = (
             "classifier"
@@ -79,14 +81,14 @@ class PackedForward:
         [B, labels] logits."""
         packing = Packing.of(inputs["attention_mask"])
         x = self._embed(inputs, packing)
-        layers = self.base.encoder.layer
+        layers = zip(self.base.encoder.layer, self.qkv, strict=True)
         if self.family == "mpnet":
             bias = self.base.encoder.compute_position_bias(inputs["attention_mask"][:1])
-            for layer in layers:
-                x = _mpnet_layer(layer, x, packing, bias)
+            for layer, qkv in layers:
+                x = _mpnet_layer(layer, qkv, x, packing, bias)
         else:
-            for layer in layers:
-                x = _bert_layer(layer, x, packing)
+            for layer, qkv in layers:
+                x = _bert_layer(layer, qkv, x, packing)
         if self.head == "classifier":
             return self._classify(x, inputs["attention_mask"])
         if self.head == "masked-lm":
@@ -130,13 +132,42 @@ class PackedForward:
         return self.model.classifier(cls)
 
 
-def _bert_layer(layer: Any, x: Any, packing: Packing) -> Any:
-    """One BERT/RoBERTa/XLM-R encoder layer on packed rows [T, H] (post-layer-norm)."""
+def _fused_qkv(layer: Any, family: str) -> tuple[Any, Any]:
+    """The layer's query, key and value projections as one: weight [3 x H, H] and bias
+    [3 x H] (their outputs side by side, as `Packing.attend` reads them): one matrix product
+    instead of three, and one gather per attention group. The three modules' own weights and
+    biases become views of these, so the model keeps computing as before and its memory does
+    not grow."""
+    import torch
+
+    attention = layer.attention.attn if family == "mpnet" else layer.attention.self
+    names = ("q", "k", "v") if family == "mpnet" else ("query", "key", "value")
+    linears = [getattr(attention, name) for name in names]
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = torch.cat(
+        [
+            m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
+            for m in linears
+        ]
+    )
+    start = 0
+    for m in linears:
+        rows = slice(start, start + m.out_features)
+        m.weight = torch.nn.Parameter(weight[rows], requires_grad=False)
+        if m.bias is not None:
+            m.bias = torch.nn.Parameter(bias[rows], requires_grad=False)
+        start = rows.stop
+    return weight, bias
+
+
+def _bert_layer(layer: Any, qkv: tuple[Any, Any], x: Any, packing: Packing) -> Any:
+    """One BERT/RoBERTa/XLM-R encoder layer on packed rows [T, H] (post-layer-norm); `qkv`:
+    its fused projection (`_fused_qkv`)."""
+    import torch.nn.functional as F
+
     attention = layer.attention.self
     context = packing.attend(
-        attention.query(x),
-        attention.key(x),
-        attention.value(x),
+        F.linear(x, *qkv),
         heads=int(attention.num_attention_heads),
         scale=float(attention.scaling),
     )
@@ -144,14 +175,14 @@ def _bert_layer(layer: Any, x: Any, packing: Packing) -> Any:
     return layer.output(layer.intermediate(x), x)
 
 
-def _mpnet_layer(layer: Any, x: Any, packing: Packing, bias: Any) -> Any:
-    """One MPNet encoder layer on packed rows [T, H]; `bias`: its relative-position bias
-    [1, heads, L, L] (`MPNetEncoder.compute_position_bias`)."""
+def _mpnet_layer(layer: Any, qkv: tuple[Any, Any], x: Any, packing: Packing, bias: Any) -> Any:
+    """One MPNet encoder layer on packed rows [T, H]; `qkv`: its fused projection; `bias`: its
+    relative-position bias [1, heads, L, L] (`MPNetEncoder.compute_position_bias`)."""
+    import torch.nn.functional as F
+
     attention = layer.attention.attn
     context = packing.attend(
-        attention.q(x),
-        attention.k(x),
-        attention.v(x),
+        F.linear(x, *qkv),
         heads=int(attention.num_attention_heads),
         scale=float(attention.attention_head_size) ** -0.5,
         bias=bias,

@@ -10,7 +10,9 @@ call each (about 40 us here), one group for the batch pads every sequence to the
 (`CALL_COST`). A group runs `torch.nn.functional.scaled_dot_product_attention`, or in
 bfloat16, when it holds several sequences, two matrix products around a float32 softmax
 (`_bfloat16_attention`): torch's fused CPU kernel took a quarter of a bfloat16 forward's time
-on short inputs for 2% of its FLOPs.
+on short inputs for 2% of its FLOPs. The layer's query, key and value come as one [T, 3 x H]
+projection, so a group reads its rows with one gather and one copy into the heads' layout,
+and writes its context back with one scatter.
 
 Rows are taken in the padded batch's row-major order, so sequence i's tokens are contiguous
 and in order whichever side the tokenizer pads.
@@ -33,19 +35,21 @@ SCORES_PER_STEP = 1 << 20
 
 @dataclass(frozen=True, eq=False)
 class Group:
-    """Sequences attended in one call: `first`/`last` their packed rows when it is one
-    sequence (a slice, nothing copied); else `gather` [g x width] packed rows to read (padding
-    reads row 0, masked out), `real` [t] which of those g x width rows are real, `rows` [t]
-    the packed rows they are written back to, `key_mask` [g, 1, 1, width] (bool)."""
+    """Sequences attended in one call: `first`/`last` their packed rows when they need no
+    padding (one sequence, or a batch without any: a slice, nothing copied); else `gather`
+    [g x width] packed rows to read (padding reads row 0, masked out), `scatter` [g x width]
+    the packed rows to write back to (padding: row T, past the last), `key_mask`
+    [g, 1, 1, width] (bool; None when the g sequences are equally long) and `key_bias` the
+    same as an additive float32 mask (0, or float32's lowest)."""
 
     width: int
     count: int
     first: int = 0
     last: int = 0
     gather: Any = None
-    real: Any = None
-    rows: Any = None
+    scatter: Any = None
     key_mask: Any = None
+    key_bias: Any = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,95 +117,102 @@ class Packing:
                 out.append(Group(width, 1, starts[group[0]], starts[group[0] + 1]))
                 continue
             gather = torch.zeros(len(group), width, dtype=torch.long)
+            scatter = torch.full((len(group), width), self.tokens, dtype=torch.long)
             key_mask = torch.zeros(len(group), width, dtype=torch.bool)
             for j, i in enumerate(group):
                 n = self.lengths[i]
-                gather[j, :n] = torch.arange(starts[i], starts[i] + n)
+                gather[j, :n] = scatter[j, :n] = torch.arange(starts[i], starts[i] + n)
                 key_mask[j, :n] = True
-            real = key_mask.reshape(-1).nonzero().squeeze(1)
+            keys = None if bool(key_mask.all()) else key_mask[:, None, None, :]
+            blocked = torch.finfo(torch.float32).min
             out.append(
                 Group(
                     width,
                     len(group),
                     gather=gather.reshape(-1),
-                    real=real,
-                    rows=gather.reshape(-1).index_select(0, real),
-                    key_mask=None if bool(key_mask.all()) else key_mask[:, None, None, :],
+                    scatter=scatter.reshape(-1),
+                    key_mask=keys,
+                    key_bias=None
+                    if keys is None
+                    else torch.zeros(keys.shape).masked_fill_(~keys, blocked),
                 )
             )
         return tuple(out)
 
-    def attend(
-        self, q: Any, k: Any, v: Any, heads: int, scale: float, bias: Any | None = None
-    ) -> Any:
+    def attend(self, qkv: Any, heads: int, scale: float, bias: Any | None = None) -> Any:
         """Multi-head attention of each sequence to its own real tokens.
 
-        `q`, `k`, `v`: packed projections [T, heads x d]; `bias`: an additive attention bias
-        [1, heads, L, L] that depends on relative positions only (MPNet's), cut to each
-        group's width, or None; `scale`: the factor on q.k (1/sqrt(d) in these models).
-        Returns the packed context [T, heads x d]. Scaled dot-product attention as in
-        Vaswani et al. 2017, "Attention is all you need": torch's fused kernel, except for
-        groups of several sequences in bfloat16 (`_bfloat16_attention`)."""
+        `qkv`: the packed query, key and value projections side by side [T, 3 x heads x d];
+        `bias`: an additive attention bias [1, heads, L, L] that depends on relative positions
+        only (MPNet's), cut to each group's width, or None; `scale`: the factor on q.k
+        (1/sqrt(d) in these models). Returns the packed context [T, heads x d]. Scaled
+        dot-product attention as in Vaswani et al. 2017, "Attention is all you need": torch's
+        fused kernel, except for groups of several sequences in bfloat16
+        (`_bfloat16_attention`)."""
         import torch
         import torch.nn.functional as F
 
-        hidden = int(q.shape[-1])
+        hidden = int(qkv.shape[-1]) // 3
+        d = hidden // heads
         alone = len(self.groups) == 1 and self.groups[0].gather is None  # every row, in order
-        out = None if alone else q.new_empty(q.shape)
+        out: Any = None if alone else qkv.new_empty(self.tokens + 1, hidden)  # row T: padding's
         for g in self.groups:
-            shape = (g.count, g.width, heads, hidden // heads)
-            if g.gather is None:
-                parts = (x[g.first : g.last] for x in (q, k, v))
-            else:
-                parts = (x.index_select(0, g.gather) for x in (q, k, v))
-            qh, kh, vh = (x.view(shape).transpose(1, 2) for x in parts)
+            manual = g.count > 1 and qkv.dtype == torch.bfloat16  # `_bfloat16_attention`
+            if g.gather is None:  # [g, heads, width, d] views of the rows
+                x = qkv[g.first : g.last].view(g.count, g.width, 3, heads, d)
+                x = x.permute(2, 0, 3, 1, 4)
+                x = x.contiguous() if manual else x
+            else:  # one gather, one copy into [3, g, heads, width, d]
+                x = qkv.index_select(0, g.gather).view(g.count, g.width, 3, heads, d)
+                x = x.permute(2, 0, 3, 1, 4).contiguous()
             mask: Any = g.key_mask
             if bias is not None:
-                mask = bias[:, :, : g.width, : g.width].to(q.dtype)
+                mask = bias[:, :, : g.width, : g.width].to(qkv.dtype)
                 if g.key_mask is not None:
-                    blocked = mask.new_tensor(torch.finfo(q.dtype).min)
+                    blocked = mask.new_tensor(torch.finfo(qkv.dtype).min)
                     mask = torch.where(g.key_mask, mask, blocked)
-            if g.count > 1 and q.dtype == torch.bfloat16:
-                context = _bfloat16_attention(qh, kh, vh, mask, scale)
+            if manual:
+                context = _bfloat16_attention(x, g.key_bias if bias is None else mask, scale)
             else:
-                context = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+                context = F.scaled_dot_product_attention(
+                    x[0], x[1], x[2], attn_mask=mask, scale=scale
+                )
             flat = context.transpose(1, 2).reshape(g.count * g.width, hidden)
             if out is None:
                 return flat
             if g.gather is None:
                 out[g.first : g.last] = flat
             else:
-                out.index_copy_(0, g.rows, flat.index_select(0, g.real))
-        return out
+                out.index_copy_(0, g.scatter, flat)
+        return out[: self.tokens]
 
 
-def _bfloat16_attention(q: Any, k: Any, v: Any, mask: Any | None, scale: float) -> Any:
-    """softmax(scale x q.k^T + mask) v for one group: `q`, `k`, `v` bfloat16 [g, heads, width,
-    d]; `mask` None, a bool key mask [g, 1, 1, width] (True: attend) or an additive bias that
-    broadcasts to [g, heads, width, width]. Returns [g, heads, width, d] bfloat16.
+def _bfloat16_attention(x: Any, mask: Any | None, scale: float) -> Any:
+    """softmax(scale x q.k^T + mask) v for one group: `x` bfloat16 [3, g, heads, width, d]
+    (query, key, value; contiguous); `mask` None or an additive bias that broadcasts to
+    [g, heads, width, width]. Returns [g, heads, width, d] bfloat16.
 
     Two bfloat16 matrix products around a float32 softmax, `SCORES_PER_STEP` scores at a time.
     For a group of several short sequences this runs 1.5-3x faster than torch's fused CPU
     kernel in bfloat16 (`scaled_dot_product_attention`: 32 sequences of 42 tokens, 12 heads of
     32, 0.8 ms against 2.4; 8 of 80, 0.5 against 1.0; 4 of 250, 2.1 against 3.2; AMD EPYC
     Zen 5, 2 threads), with the same answers within bfloat16's precision. For a sequence
-    alone the fused kernel is as fast or faster, so it keeps those. A bool key mask becomes an
-    additive float32 one (0, or float32's lowest: the same softmax as filling those scores in):
-    with it, `Packing.attend` took 1.8 ms a layer on arrival-order batches of 32 short inputs,
-    against 2.05 with a broadcast `masked_fill_` (same machine and threads)."""
+    alone the fused kernel is as fast or faster, so it keeps those. The key mask comes as an
+    additive float32 one (0, or float32's lowest: the same softmax as filling those scores
+    in), made once a batch (`Group.key_bias`): a broadcast `masked_fill_` over the scores cost
+    about 4x the `add_`."""
     import torch
 
-    count, heads, width, _ = (int(n) for n in q.shape)
-    out = q.new_empty(q.shape)
+    _, count, heads, width, d = (int(n) for n in x.shape)
+    out = x.new_empty(x.shape[1:])
     step = max(1, SCORES_PER_STEP // (heads * width * width))
-    if mask is not None and mask.dtype == torch.bool:
-        blocked = torch.finfo(torch.float32).min
-        mask = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, blocked)
     for start in range(0, count, step):
-        part = slice(start, start + step)
-        scores = torch.matmul(q[part], k[part].transpose(-1, -2)).float()
-        scores.mul_(scale)
+        part = slice(start, min(start + step, count))
+        n = (part.stop - part.start) * heads
+        q, k, v = (x[i, part].view(n, width, d) for i in range(3))
+        scores = torch.bmm(q, k.transpose(1, 2)).float().mul_(scale)
         if mask is not None:
-            scores.add_(mask if mask.shape[0] == 1 else mask[part])
-        out[part] = torch.matmul(scores.softmax(dim=-1).to(q.dtype), v[part])
+            grouped = scores.view(-1, heads, width, width)
+            grouped.add_(mask if mask.shape[0] == 1 else mask[part])
+        torch.bmm(scores.softmax(dim=-1).to(x.dtype), v, out=out[part].view(n, width, d))
     return out

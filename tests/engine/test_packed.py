@@ -100,7 +100,8 @@ CASES = [
 @pytest.mark.parametrize("kind, head", CASES)
 def test_packed_equals_padded_in_float32_on_random_batches(kind: str, head: str) -> None:
     model = tiny(kind, head)
-    padded, packed = TorchBackend(model, "cpu"), PackedTorchBackend(model, "cpu")
+    padded = TorchBackend(copy.deepcopy(model), "cpu")  # the model as loaded, untouched
+    packed = PackedTorchBackend(model, "cpu")
     rng = random.Random(f"{kind}-{head}")
     for size in (1, 2, 7, 16):
         inputs = random_batch(rng, 100, model.config.pad_token_id, size)
@@ -116,6 +117,32 @@ def test_packed_equals_padded_in_float32_on_random_batches(kind: str, head: str)
         real = mask.bool()
         assert (a[real] - b[real]).abs().max() <= FLOAT32  # every real token's row
         assert not b[~real].any()  # padding rows are zeros, never read
+
+
+@pytest.mark.parametrize("kind, head", CASES)
+def test_fused_projections_leave_the_model_as_it_was(kind: str, head: str) -> None:
+    """Packing fuses each layer's query, key and value weights; the model's own modules then
+    read views of them: the same answers as before, and no more parameter memory."""
+    model = tiny(kind, head)
+
+    def storage_bytes() -> int:
+        storages = {
+            p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()
+        }
+        return sum(storages.values())
+
+    before, answers = storage_bytes(), TorchBackend(copy.deepcopy(model), "cpu")
+    packed = PackedTorchBackend(model, "cpu")
+    assert storage_bytes() == before
+    inputs = random_batch(random.Random(kind), 100, model.config.pad_token_id, 5)
+    if kind == "mpnet":
+        del inputs["token_type_ids"]
+    assert (TorchBackend(model, "cpu").forward(inputs) - answers.forward(inputs)).abs().max() == 0
+    got, expected = packed.forward(inputs), answers.forward(inputs)
+    if head != "classifier":  # token rows: the real ones (packed padding rows are zeros)
+        real = inputs["attention_mask"].bool()
+        got, expected = got[real], expected[real]
+    assert (got - expected).abs().max() <= FLOAT32
 
 
 @pytest.mark.parametrize("kind, head", CASES)
@@ -178,7 +205,7 @@ def test_attention_groups_sequences_of_similar_length_and_equals_one_padded_call
         full = keys if b is None else torch.where(keys, b, torch.finfo(torch.float32).min)
         expected = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=full, scale=0.3)
         expected = packing.pack(expected.transpose(1, 2).reshape(len(lengths), 88, width))
-        got = packing.attend(q, k, v, heads=heads, scale=0.3, bias=b)
+        got = packing.attend(torch.cat([q, k, v], dim=1), heads=heads, scale=0.3, bias=b)
         assert (got - expected).abs().max() <= FLOAT32
 
 
@@ -202,7 +229,7 @@ def test_bfloat16_groups_of_several_attend_as_float32_does_within_its_precision(
     assert [(g.width, g.count) for g in packing.groups] == [(88, 1), (60, 1), (12, 6)]
     torch.manual_seed(1)
     heads, width = 4, 32
-    q, k, v = (torch.randn(packing.tokens, width) for _ in range(3))
+    qkv = torch.randn(packing.tokens, 3 * width)
     bias = torch.randn(1, heads, 88, 88)
     fused = 0
     sdpa = F.scaled_dot_product_attention
@@ -214,19 +241,15 @@ def test_bfloat16_groups_of_several_attend_as_float32_does_within_its_precision(
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
     for b in (None, bias):
-        expected = packing.attend(q, k, v, heads=heads, scale=0.3, bias=b)
+        expected = packing.attend(qkv, heads=heads, scale=0.3, bias=b)
         fused = 0
-        got = packing.attend(
-            *(x.bfloat16() for x in (q, k, v)), heads=heads, scale=0.3, bias=b
-        ).float()
+        got = packing.attend(qkv.bfloat16(), heads=heads, scale=0.3, bias=b).float()
         assert fused == 2  # the two sequences alone; the group of six by the products
         cosine = F.cosine_similarity(got, expected, dim=1)
         assert float(cosine.min()) >= 0.999
         assert float((got - expected).abs().max()) <= 0.05 * float(expected.abs().max())
         monkeypatch.setattr(packing_module, "SCORES_PER_STEP", heads * 12 * 12 * 4)  # 2 steps
-        stepped = packing.attend(
-            *(x.bfloat16() for x in (q, k, v)), heads=heads, scale=0.3, bias=b
-        ).float()
+        stepped = packing.attend(qkv.bfloat16(), heads=heads, scale=0.3, bias=b).float()
         monkeypatch.undo()
         monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
         assert torch.equal(stepped, got)
