@@ -313,6 +313,7 @@ def answered_clients_return(
     pool = former(fixed_s)
     engine: Any = CountingEngine()
     pool.admit(engine, items([f"queued {i}" for i in range(4)]))
+    pool.batch_ended()  # the 4 were waiting when the batch ended
 
     def clients() -> None:
         for i in range(4):
@@ -345,6 +346,27 @@ def test_the_wait_ends_when_arrivals_are_too_slow_to_pay(monkeypatch: pytest.Mon
     pooled, waited = answered_clients_return(monkeypatch, gap_s=0.03, fixed_s=0.02)
     assert pooled == 6
     assert waited < 0.2
+
+
+def test_the_wait_counts_answered_clients_already_pooled_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing waited when the batch of 4 ended; 3 of its clients' next requests are pooled
+    before the wait starts (the thread took them first). The wait is for the fourth only and
+    ends when it arrives (10 ms), not after a quiet period for clients that do not exist."""
+    monkeypatch.setattr(forming, "_QUIET_S", 0.5)
+    pool = former(fixed_s=0.5)
+    engine: Any = CountingEngine()
+    pool.batch_ended()
+    pool.admit(engine, items([f"answered {i}" for i in range(3)]))
+    sender = threading.Timer(0.01, lambda: pool.queue.offer(items(["answered 3"]), pool.estimate))
+    sender.start()
+    started = time.monotonic()
+    pool.await_answered_clients(engine, LastBatch(size=4, seconds=1.0))
+    waited = time.monotonic() - started
+    sender.join()
+    assert len(pool.pool) == 4
+    assert waited < 0.2  # the fourth came at 10 ms; _FILL_SHARE alone would end it at 0.25 s
 
 
 def test_no_wait_after_a_batch_of_one() -> None:

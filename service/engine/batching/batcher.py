@@ -167,3 +167,4 @@ class Batcher:
         batch = forming.next_batch(engine, self.runner.last)
         if batch:
             self.runner.run(engine, batch)
+            forming.batch_ended()

@@ -52,6 +52,7 @@ class BatchFormer:
         self.backlog = Backlog()  # bulk inputs not tokenized yet (`backlog`)
         self.packed = False  # the forward computes real tokens only (`ModelInfo.compute`)
         self.interactive_at = float("-inf")  # when an interactive input last arrived (monotonic)
+        self.waiting_at_end = 0  # inputs waiting when the last batch ended (`batch_ended`)
 
     @property
     def waiting(self) -> bool:
@@ -117,10 +118,17 @@ class BatchFormer:
         self.take(batch)
         return batch
 
+    def batch_ended(self) -> None:
+        """A batch was answered: count what waits for the next one (pooled or handed over),
+        the pool `await_answered_clients` fills up from."""
+        self.waiting_at_end = len(self.pool) + self.queue.new_count()
+
     def await_answered_clients(self, engine: Engine, last: LastBatch) -> None:
         """After a batch, wait briefly for the next requests of the clients it answered (a
         closed loop sends them as soon as the event loop has written their answers), up to a
-        pool of what is queued now plus that batch's size. Without this, what arrived while
+        pool of what was waiting when that batch ended plus that batch's size (counted then:
+        by now the pool may hold some of those clients' requests already, and counting them
+        twice would wait for clients that do not exist). Without this, what arrived while
         the batch ran goes alone while the answered clients' requests queue behind it, and
         the clients split into groups that alternate (two fixed costs where one would do).
 
@@ -130,7 +138,7 @@ class BatchFormer:
         of n / (a + b n) over a wait that adds r inputs a second). So the wait ends when the
         pool reaches its target, arrivals pause for `_QUIET_S`, their rate no longer pays
         (`r * a <= n`), or `_FILL_SHARE` of that batch's run time has passed."""
-        target = min(self.settings.max_batch_size, len(self.pool) + last.size)
+        target = min(self.settings.max_batch_size, self.waiting_at_end + last.size)
         if last.size < 2 or len(self.pool) >= target:
             return
         fixed_s = self.estimate.overhead_tokens * self.estimate.sec_per_token

@@ -196,6 +196,11 @@ class WorkQueue:
             metrics.QUEUE_DEPTH.set(self._depth)
             self._cond.notify()
 
+    def new_count(self) -> int:
+        """How many inputs were handed over since the last `take_new` (a racy read: the
+        loop may hand over more at any moment)."""
+        return len(self._new)
+
     def take_new(self, timeout: float) -> list[Item]:
         """Everything handed over since the last call; block up to `timeout` s for the first."""
         with self._cond:
