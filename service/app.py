@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from service.admission.policy import AdmissionPolicy
 from service.engine.batching.batcher import Batcher
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
 from service.http import context
 from service.http.context import RequestContext

@@ -18,9 +18,9 @@ def export_model(settings: Settings) -> Path:
     return the graph's path. Raises `ValueError` for a task that runs on torch only or a
     model that is not a local folder, and what the export raises."""
     from service.backends.export import write_own_graph
-    from service.engine.backend_choice import sample_inputs
     from service.engine.forward.encoder import EncoderEngine
-    from service.engine.loading import load_engine
+    from service.engine.loading.choice.backend_choice import sample_inputs
+    from service.engine.loading.load import load_engine
 
     forced = settings.model_copy(update={"backend": "torch", "dtype": "float32"})
     engine = load_engine(forced)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
-from service.engine.cpu_threads import set_openmp_wait
-from service.engine.loading import preflight
+from service.engine.loading.cpu_threads import set_openmp_wait
+from service.engine.loading.load import preflight
 from service.settings import SettingsError, load_settings
 
 

@@ -8,7 +8,7 @@ master then stops and exits 3 too, and its `on_exit` hook (`service.gunicorn_con
 recorded line once more, after gunicorn's own "Shutting down" lines, so that it is the process's
 last. What can be checked without loading anything (a folder that does not exist or holds no
 config.json, a hub id not cached while offline) is refused earlier, by the console script
-(`service.engine.loading.preflight`).
+(`service.engine.loading.load.preflight`).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     ) = None
     torch_num_threads: int | None = Field(None, ge=1)
     # The texts int8/uint8 ranges are calibrated on at start (one per line); None: the
-    # package's own set (service/engine/quantization.py).
+    # package's own set (service/engine/loading/quantization.py).
     calibration_file: str | None = None
     liveness_stall_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     drain_timeout_s: float = Field(25.0, ge=0, allow_inf_nan=False)

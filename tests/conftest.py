@@ -23,7 +23,7 @@ os.environ.setdefault("DTYPE", "float32")
 from helpers import ServerProcess, app_client
 from models import build
 
-from service.engine.loading import default_model_dir
+from service.engine.loading.load import default_model_dir
 
 TASKS = (
     "fill-mask",

@@ -1,6 +1,6 @@
 """In-process helpers for the overload, deadline and disconnect tests.
 
-`Recorder` wraps `service.engine.loading.load_engine` so a test sees which texts reached the
+`Recorder` wraps `service.engine.loading.load.load_engine` so a test sees which texts reached the
 pipeline (`Engine.run`) and can make batches slow or stuck. `serve()` runs the app under a real
 uvicorn server in a thread on 127.0.0.1, so a client can really disconnect (TestClient cannot).
 """
@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 
 from service.app import create_app
 from service.engine.jobs import Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.engine.types import Engine
 from service.http.edge import EdgeProtocol
 from service.settings import Settings

@@ -13,9 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from service.backends.candidates import allowed, native_bf16
-from service.backends.quality import Quality, classifier_quality
-from service.backends.ranking import (
+from service.backends.routed import RoutedBackend
+from service.backends.torch_backend import TorchBackend
+from service.engine.loading.choice.backend_choice import embedding_quality
+from service.engine.loading.choice.candidates import allowed, native_bf16
+from service.engine.loading.choice.quality import Quality, classifier_quality
+from service.engine.loading.choice.ranking import (
     Candidate,
     Measured,
     Route,
@@ -23,9 +26,6 @@ from service.backends.ranking import (
     measure,
     route,
 )
-from service.backends.routed import RoutedBackend
-from service.backends.torch_backend import TorchBackend
-from service.engine.backend_choice import embedding_quality
 from service.settings import Settings
 
 torch.manual_seed(0)

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 from helpers import captured_logs
 
-from service.backends import candidates, export, int8
-from service.backends.candidates import native_bf16
-from service.engine.backend_choice import calibration_batches
+from service.backends import export, int8
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
-from service.engine.quantization import read_set
+from service.engine.loading.choice import candidates
+from service.engine.loading.choice.backend_choice import calibration_batches
+from service.engine.loading.choice.candidates import native_bf16
+from service.engine.loading.load import load_engine
+from service.engine.pooling.calibration import read_set
 from service.engine.types import Engine
 from service.settings import Settings
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import SEED_TEXT, app_client
 from starlette.testclient import TestClient
 
-from service.engine.loading import default_model_dir
+from service.engine.loading.load import default_model_dir
 
 JSON = {"content-type": "application/json"}
 LONG = "This is an example " * 300  # about 1,200 tokens

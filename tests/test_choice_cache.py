@@ -1,7 +1,7 @@
-"""`auto`'s backend choice, cached beside the ONNX export (service.backends.choice_cache): a
-restart reuses it without measuring and serves the same backends; a changed model, machine
-key, or BACKEND/DTYPE set chooses again. Two consecutive starts of the real server too, with
-their `model_ready` lines and a 4xx line carrying its reason."""
+"""`auto`'s backend choice, cached beside the ONNX export
+(service.engine.loading.choice.choice_cache): a restart reuses it without measuring and serves the
+same backends; a changed model, machine key, or BACKEND/DTYPE set chooses again. Two consecutive
+starts of the real server too, with their `model_ready` lines and a 4xx line carrying its reason."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from helpers import ServerProcess, captured_logs
 from models import build
 
-from service.backends import candidates, choice_cache, quality
 from service.backends.export import cache_key, cache_root
-from service.engine.loading import load_engine
+from service.engine.loading.choice import candidates, choice_cache, quality
+from service.engine.loading.load import load_engine
 from service.settings import Settings
 
 

@@ -30,9 +30,9 @@ from sentence_transformers import SentenceTransformer, SparseEncoder
 from sentence_transformers.util import quantize_embeddings
 from starlette.testclient import TestClient
 
-from service.engine import st_config
-from service.engine.loading import default_model_dir, infer_task, load_engine, preflight
-from service.engine.warmup import NonFiniteOutput
+from service.engine.folders import UnsupportedModel
+from service.engine.loading.load import default_model_dir, infer_task, load_engine, preflight
+from service.engine.loading.warmup import NonFiniteOutput
 from service.settings import Settings
 
 TOL = 1e-4
@@ -307,7 +307,7 @@ def test_st6_chat_template_folder_is_refused_with_why(
     message = {"method": "forward", "method_output_name": "last_hidden_state"}
     config["modality_config"] = {"message": message, "text": message}
     config_file.write_text(json.dumps(config))
-    with pytest.raises(st_config.UnsupportedModel, match=r"\['message', 'text'\].*chat template"):
+    with pytest.raises(UnsupportedModel, match=r"\['message', 'text'\].*chat template"):
         preflight(Settings(model_id=str(folder)))
 
 
@@ -318,11 +318,11 @@ def test_unsupported_dense_heads_are_named(families: dict[str, Path], tmp_path: 
     dense = custom / "2_Dense" / "config.json"
     config = json.loads(dense.read_text())
     dense.write_text(json.dumps({**config, "activation_function": "my_pkg.Swish"}))
-    with pytest.raises(st_config.UnsupportedModel, match=r"Dense module \(2_Dense\).*my_pkg"):
+    with pytest.raises(UnsupportedModel, match=r"Dense module \(2_Dense\).*my_pkg"):
         preflight(Settings(model_id=str(custom)))
     narrow = shutil.copytree(families["labse"], tmp_path / "narrow")
     pooling_file = narrow / "1_Pooling" / "config.json"
     pooled = json.loads(pooling_file.read_text())
     pooling_file.write_text(json.dumps({**pooled, "pooling_mode": ["cls", "mean"]}))
-    with pytest.raises(st_config.UnsupportedModel, match=r"takes 32 features but pooling gives 64"):
+    with pytest.raises(UnsupportedModel, match=r"takes 32 features but pooling gives 64"):
         load_engine(Settings(model_id=str(narrow)))

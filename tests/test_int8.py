@@ -23,8 +23,8 @@ from sentence_transformers.util import quantize_embeddings
 from starlette.testclient import TestClient
 
 from service.engine.jobs import Ranged
-from service.engine.loading import load_engine
-from service.engine.quantization import read_set
+from service.engine.loading.load import load_engine
+from service.engine.pooling.calibration import read_set
 from service.protocols.encodings import encode_vector, scalar_buckets
 from service.settings import Settings
 

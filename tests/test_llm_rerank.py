@@ -20,8 +20,8 @@ from prometheus_client import REGISTRY
 from retrieval_models import CHAT_TEMPLATE, LLM_RERANKER_KINDS, llm_reranker
 from starlette.testclient import TestClient
 
-from service.engine.loading import infer_task, preflight
-from service.engine.st_config import UnsupportedModel
+from service.engine.folders import UnsupportedModel
+from service.engine.loading.load import infer_task, preflight
 from service.settings import Settings
 
 QUERY = "what is the capital of france?"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.servers import free_port
-from service.engine.loading import default_model_dir
+from service.engine.loading.load import default_model_dir
 from service.load_failure import describe
 
 SCRIPT = Path(sys.executable).with_name("pipeline-server")

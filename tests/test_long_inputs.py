@@ -27,7 +27,7 @@ from service.engine.batching.queue import Item, WorkQueue
 from service.engine.batching.running import BatchRunner
 from service.engine.forward import windows
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.engine.types import Engine, Prepared
 from service.errors import DeadlineExceeded, InferenceFailed
 from service.settings import Settings, load_settings

@@ -17,8 +17,8 @@ from helpers import ServerProcess, app_client, schemathesis_finds_nothing
 from retrieval_models import MULTI_VECTOR_KINDS, multi_vector_model
 from starlette.testclient import TestClient
 
-from service.engine.loading import preflight
-from service.engine.st_config import UnsupportedModel
+from service.engine.folders import UnsupportedModel
+from service.engine.loading.load import preflight
 from service.settings import Settings
 
 QUERIES = [

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.engine.batching.batcher import Batcher, State
 from service.engine.batching.queue import Item
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.engine.types import Engine, Prepared
 from service.errors import DeadlineExceeded, Overloaded
 from service.settings import Settings

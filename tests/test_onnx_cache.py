@@ -15,9 +15,9 @@ import pytest
 from helpers import ServerProcess, captured_logs
 from models import TEXT_LABELS, build
 
-from service.backends import candidates
 from service.backends.export import OPSET, cache_key, cache_root
-from service.engine.loading import load_engine
+from service.engine.loading.choice import candidates
+from service.engine.loading.load import load_engine
 from service.settings import Settings
 
 

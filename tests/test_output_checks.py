@@ -1,5 +1,5 @@
-"""`auto` checks every output kind the engine serves (service.backends.quality): each bound
-on real tensors, a candidate moved just inside and just outside it; and a tiny SPLADE
+"""`auto` checks every output kind the engine serves (service.engine.loading.choice.quality): each
+bound on real tensors, a candidate moved just inside and just outside it; and a tiny SPLADE
 folder whose bfloat16 candidate loses top indices is served float32 under `auto`.
 """
 
@@ -15,8 +15,9 @@ import torch
 from family_models import splade_model
 from helpers import captured_logs
 
-from service.backends import candidates, quality
-from service.backends.quality import (
+from service.engine.jobs import Op, Unit
+from service.engine.loading.choice import backend_choice, candidates, quality
+from service.engine.loading.choice.quality import (
     MAX_DOT_DIFF,
     MAX_PROB_DIFF,
     MAX_SCORE_DIFF,
@@ -31,9 +32,7 @@ from service.backends.quality import (
     sparse_quality,
     vector_quality,
 )
-from service.engine import backend_choice
-from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.settings import Settings
 
 MARGIN = 1e-5  # how far inside or outside a bound each candidate is moved

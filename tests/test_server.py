@@ -14,7 +14,7 @@ import pytest
 from helpers import SEED_TEXT, ServerProcess
 from models import build_sentence_model
 
-from service.engine.loading import default_model_dir
+from service.engine.loading.load import default_model_dir
 
 pytestmark = pytest.mark.server
 
@@ -45,7 +45,7 @@ def test_seed_curl_and_paraphrases(start_server: Callable[..., ServerProcess]) -
     b = embed("Someone plays the guitar.")
     c = embed("The stock market fell sharply today.")
     assert float(a @ b) > float(a @ c) + 0.2
-    # torch's OpenMP threads spin briefly (service.engine.cpu_threads): the worker got the
+    # torch's OpenMP threads spin briefly (service.engine.loading.cpu_threads): the worker got the
     # spin count from the console script, unless the environment chose its own.
     import os
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from service.engine.batching.cost import ServiceTimeEstimate
-from service.engine.cpu_threads import cpu_quota, default_torch_threads, set_openmp_wait
 from service.engine.jobs import Job, Op, params_key
+from service.engine.loading.cpu_threads import cpu_quota, default_torch_threads, set_openmp_wait
 from service.engine.types import ModelInfo, Output
 from service.errors import (
     BadRequest,

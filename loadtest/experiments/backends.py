@@ -88,7 +88,7 @@ def distinct(texts: list[str]) -> list[int]:
 
 
 def measure(n: int, budget_s: float) -> list[dict[str, Any]]:
-    from service.engine.loading import load_engine
+    from service.engine.loading.load import load_engine
     from service.settings import Settings
 
     texts = short_inputs(n)

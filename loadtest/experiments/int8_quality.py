@@ -3,7 +3,7 @@ and uint8).
 
 Starts the server (the default model; another with `MODEL_ID`), embeds two sets drawn from
 `loadtest/corpus.txt` through `POST /v2/embed` as float, int8 and uint8 (the calibrated
-ranges, `service.engine.quantization`), and prints for each encoding against float, scored
+ranges, `service.engine.loading.quantization`), and prints for each encoding against float, scored
 with the dot product and with the cosine of the codes (what a vector store's `dot` and
 `cosine` metrics compute):
 

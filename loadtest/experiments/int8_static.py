@@ -204,8 +204,8 @@ def measure(n: int, rounds: int, work: Path) -> list[dict[str, Any]]:
     from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
     from service.backends.onnx_backend import session_options
-    from service.engine.loading import load_engine
-    from service.engine.quantization import read_set
+    from service.engine.loading.load import load_engine
+    from service.engine.pooling.calibration import read_set
     from service.settings import Settings
 
     onnx_engine = load_engine(Settings(backend="onnx", dtype="float32"))

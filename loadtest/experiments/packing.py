@@ -144,7 +144,7 @@ class Timed:
 def measure(
     texts: list[str], budget_s: float, rounds: int, threads: int | None = None
 ) -> list[dict[str, Any]]:
-    from service.engine.loading import load_engine
+    from service.engine.loading.load import load_engine
     from service.settings import Settings
 
     rows: list[dict[str, Any]] = []

@@ -38,7 +38,7 @@ def soak(backend: str, dtype: str, minutes: float, interval_s: float, threads: i
 
     from loadtest.corpus import mixed_inputs
     from service.engine.jobs import Op, Unit
-    from service.engine.loading import load_engine
+    from service.engine.loading.load import load_engine
     from service.settings import Settings
 
     settings = Settings(backend=backend, dtype=dtype, torch_num_threads=threads)  # type: ignore[arg-type]

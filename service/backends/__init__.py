@@ -12,8 +12,10 @@ of a masked-LM model.
 - `service.backends.onnx_backend`: onnxruntime on an exported graph (float32).
 - `service.backends.openvino_backend`: OpenVINO on the exported int8 graph (DTYPE=int8).
 - `service.backends.export`: the ONNX export and its cache.
-- `service.backends.ranking`: timing and checking candidates against torch float32 at start.
-- `service.backends.candidates`: which candidates BACKEND/DTYPE allow here, and the one served.
+- `service.engine.loading.choice.ranking`: timing and checking candidates against torch float32 at
+start.
+- `service.engine.loading.choice.candidates`: which candidates BACKEND/DTYPE allow here, and the one
+served.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ onnxruntime's quantizer and run on OpenVINO (`service.backends.openvino_backend`
 
 The recipe (`RECIPE`; docs/backends.md gives what each option tried measured):
 - calibration: the engine's own padded batches of the calibration texts (CALIBRATION_FILE, else
-  the packaged set that also calibrates int8/uint8 embeddings; `service.engine.quantization`),
-  32 texts a batch, length-sorted;
+  the packaged set that also calibrates int8/uint8 embeddings;
+  `service.engine.loading.quantization`), 32 texts a batch, length-sorted;
 - SmoothQuant (Xiao et al. 2023, eq. 4, alpha 0.5): for each quantized MatMul input X and the
   weights W [C_in, C_out] that read it, s_j = max|X_j|^a / max_k|W_jk|^(1-a) over the
   calibration's real tokens; a Mul by 1/s is inserted on X and W's rows are scaled by s, so the

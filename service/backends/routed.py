@@ -3,7 +3,8 @@
 Which backend is fastest depends on the batch's shape: a single short input costs mostly the
 fixed price of running every operator once (where onnxruntime's fused graph is cheaper), a
 large batch costs per token (where bfloat16 matrix units are faster; docs/backends.md has the
-figures). The choice of which two and where they cross is `service.backends.ranking.route`.
+figures). The choice of which two and where they cross is
+`service.engine.loading.choice.ranking.route`.
 """
 
 from __future__ import annotations

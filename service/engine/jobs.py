@@ -24,7 +24,7 @@ A unit whose params set `count_tokens` gets its answer as `Counted(answer, token
 its input took (after truncation, prompt and special tokens included), for usage counts; the
 event loop never tokenizes. An `embed` unit whose params set `ranges` gets `Ranged(vector,
 ranges)`: its vector and the int8/uint8 quantization ranges of its width and normalization
-(`service.engine.quantization`), so the event loop never computes them.
+(`service.engine.loading.quantization`), so the event loop never computes them.
 """
 
 from __future__ import annotations

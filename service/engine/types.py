@@ -2,7 +2,7 @@
 (`Prepared`), and the `Engine` protocol both engines implement.
 
 Only the inference thread calls into the engines (torch and transformers are imported lazily,
-so the event loop never pays for them; loading lives in `service.engine.loading`). Two engines
+so the event loop never pays for them; loading lives in `service.engine.loading.load`). Two engines
 serve the tasks: `service.engine.forward.encoder.EncoderEngine` runs text encoders and
 classifiers on batches it pads itself; `service.engine.forward.pipeline.PipelineEngine` runs
 tasks whose pre- and post-processing is the pipeline's own (fill-mask, token-classification).
@@ -89,7 +89,8 @@ class ModelInfo:
     backend_summary: Mapping[str, Any] = field(default_factory=dict)
     # A multi-vector model: its token vectors' width, scoring (maxsim, meanmaxsim), lengths.
     multi_vector: Mapping[str, Any] | None = None
-    # int8/uint8 calibration (`service.engine.quantization`): texts, sha256, source, seconds.
+    # int8/uint8 calibration (`service.engine.loading.quantization`): texts, sha256, source,
+    # seconds.
     calibration: Mapping[str, Any] | None = None
     # A cross-encoder's activation of its logit, as `CrossEncoder.predict` applies it
     # (`st_config.score_activation`): "sigmoid", "identity", "tanh", or the class it names.
@@ -137,8 +138,8 @@ class ModelInfo:
         """The `model_ready` line, said once per start (under 300 characters; the whole picture
         is /info's `summary`): the model, the backend and dtype served (and the small-batch
         one), whether the backend choice was measured or reused from the cache
-        (`service.backends.choice_cache`) and its seconds, the seconds from the start of the
-        load to ready (`load_s`, warm-up included)."""
+        (`service.engine.loading.choice.choice_cache`) and its seconds, the seconds from the start
+        of the load to ready (`load_s`, warm-up included)."""
         backend = dict(self.backend_summary)
         fields: dict[str, Any] = {
             "model": (self.served_name or self.model_id)[:80],

@@ -17,7 +17,7 @@
   bytes in header values, obs-fold, bare CR or LF (tests/http/test_edge.py).
 
 Every refusal is counted in `pipeline_server_http_refused_total{reason}` and logged at most
-once per second per reason (`service.admission.refusals`). A refusal waits for the answers
+once per second per reason (`service.http.refusals`). A refusal waits for the answers
 already under way on its connection (pipelining), then closes it after a short linger. The
 app's own answers that close the connection before the request's body has all arrived (413
 over MAX_BODY_BYTES, a 504 or 503 during a stalled upload) linger the same way: a client that
@@ -40,9 +40,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.server import ServerState
 
-from service.admission.refusals import Refusal, answer, record, throttled
 from service.http.framing import Framer, Step
 from service.http.head_deadline import HeadDeadline
+from service.http.refusals import Refusal, answer, record, throttled
 from service.runtime import connection
 from service.settings import Settings, load_settings
 

@@ -14,7 +14,7 @@ int8/uint8 is sentence-transformers' scalar quantization (its `util.quantize_emb
 bucket = floor((x - min) / ((max - min) / 255)), clipped to 0..255 (a value outside the range
 gets the end bucket), a zero-width range's step 1; uint8 is the bucket, int8 the bucket - 128.
 The ranges `r` ([2, D]: min, max per dimension) come from the server's calibration set, never
-from the request (`service.engine.quantization`): a text gets the same codes alone or among
+from the request (`service.engine.loading.quantization`): a text gets the same codes alone or among
 others. Bits are packed big-endian within each byte (numpy's `packbits`, as sentence-transformers
 packs them); a width that is not a multiple of 8 is padded with zero bits. `binary`'s `- 128`
 wraps in uint8 before the int8 cast, exactly as `quantize_embeddings` computes it, so answers

@@ -25,7 +25,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from service.engine.types import ModelInfo, Output
 from service.protocols import inference_api, schemas
 from service.protocols.embedding.common import prompt_names
-from service.protocols.embedding.openai import ModelList, OpenAIErrorResponse
+from service.protocols.openai_shapes import ModelList, OpenAIErrorResponse
 from service.protocols.serving import Endpoint
 from service.settings import Settings
 

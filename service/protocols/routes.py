@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.protocols import inference_api, openapi
+from service.protocols import inference_api, openai_shapes, openapi
 from service.protocols.classification import tei as classification_tei
 from service.protocols.embedding import cohere as embedding_cohere
 from service.protocols.embedding import openai
@@ -135,5 +135,5 @@ ROUTES = [
     Route("/info", info, methods=["GET"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
     *(_route(e) for e in ENDPOINTS),
-    Route("/v1/models", openai.models, methods=["GET"]),
+    Route("/v1/models", openai_shapes.models, methods=["GET"]),
 ]

@@ -34,7 +34,7 @@ import aiohttp
 import pytest
 
 from loadtest.servers import free_port
-from service.engine.loading import default_model_dir
+from service.engine.loading.load import default_model_dir
 
 from .helm import Manifest, container_env, only, render, server_container
 

@@ -18,7 +18,7 @@ from service.engine.batching.forming import BatchFormer
 from service.engine.batching.queue import Item, WorkQueue
 from service.engine.batching.running import LastBatch
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.engine.types import Engine, Prepared
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
 from service.settings import Settings

@@ -11,7 +11,7 @@ import pytest
 
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.engine.types import Prepared
 from service.errors import InvalidInput
 from service.settings import Settings
@@ -139,7 +139,7 @@ def test_loading_caps_the_kernel_caches_unless_the_environment_sets_them(
 ) -> None:
     """oneDNN's and ideep's per-shape kernel caches are capped at 64 (`KERNEL_CACHES`: the
     RSS bound under ever new batch shapes); an operator's own value is kept."""
-    from service.engine.loading import KERNEL_CACHES
+    from service.engine.loading.load import KERNEL_CACHES
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")

@@ -19,13 +19,13 @@ import pytest
 from family_models import backbone, sentence_model, splade_model
 from models import WORDS, build
 
-from service.backends.candidates import native_bf16
 from service.backends.packed import PackedTorchBackend, torch_backend, unsupported
 from service.backends.packing import Packing
 from service.backends.torch_backend import TorchBackend
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.choice.candidates import native_bf16
+from service.engine.loading.load import load_engine
 from service.settings import Settings
 
 FLOAT32 = 1e-5
@@ -409,7 +409,8 @@ def test_a_packed_forward_that_fails_at_start_falls_back_to_padded(
 ) -> None:
     from helpers import captured_logs
 
-    from service.backends import candidates, packed
+    from service.backends import packed
+    from service.engine.loading.choice import candidates
 
     def broken(self: Any, inputs: Any) -> Any:
         raise RuntimeError("no kernel for this shape")

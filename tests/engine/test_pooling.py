@@ -22,18 +22,16 @@ from sentence_transformers.sentence_transformer.modules import Pooling
 from transformers import AutoModel, AutoTokenizer
 
 from service.engine.batching.policy import partition
-from service.engine.pooling.pool import finish, pool
-from service.engine.st_config import (
-    MODES,
-    SentenceConfig,
-    UnsupportedModel,
-    config_for_pooling,
+from service.engine.folders import UnsupportedModel
+from service.engine.forward.prompts import (
     configure_tokenizer,
     prompt_length,
-    read_sentence_config,
     resolve_prompt,
     st_text,
 )
+from service.engine.loading.st_config import config_for_pooling, read_sentence_config
+from service.engine.pooling.pool import finish, pool
+from service.engine.pooling.sentence import MODES, SentenceConfig
 
 LONG = " ".join(["paris is the capital of france and berlin is a big city"] * 30)  # > 256 tokens
 TEXTS = [

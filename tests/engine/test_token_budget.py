@@ -20,7 +20,7 @@ from service.engine.batching.batcher import Batcher, State
 from service.engine.batching.queue import Item
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.engine.types import Prepared
 from service.settings import Settings
 

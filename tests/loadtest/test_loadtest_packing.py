@@ -11,7 +11,7 @@ from models import build_sentence_model
 
 from loadtest.experiments import packing
 from service.engine.jobs import Op, Unit
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.settings import Settings
 
 

@@ -400,7 +400,7 @@ def test_bench_models_are_built_once_and_load_as_the_server_would(tmp_path: Path
     import json
 
     from loadtest import models
-    from service.engine.loading import infer_task
+    from service.engine.loading.load import infer_task
     from service.settings import Settings
 
     folder = models.minilm_classifier(tmp_path / "clf")

@@ -25,7 +25,7 @@ from helpers import ServerProcess
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from sentence_transformers.util import quantize_embeddings
 
-from service.engine.quantization import read_set
+from service.engine.pooling.calibration import read_set
 
 pytestmark = pytest.mark.server
 

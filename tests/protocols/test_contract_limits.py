@@ -15,7 +15,7 @@ import pytest
 from helpers import app_client
 from starlette.testclient import TestClient
 
-from service.engine.loading import served_name
+from service.engine.loading.load import served_name
 from service.protocols.classification.hf import hypothesis
 from service.settings import Settings
 

@@ -21,8 +21,8 @@ import pytest
 from helpers import ServerProcess
 from sentence_transformers import SentenceTransformer
 
-from service.backends.quality import MIN_COSINE
-from service.engine.loading import EMBEDDED_MODEL_NAME
+from service.engine.loading.choice.quality import MIN_COSINE
+from service.engine.loading.load import EMBEDDED_MODEL_NAME
 
 pytestmark = pytest.mark.server
 
@@ -76,7 +76,7 @@ def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
 def close_to(got: Any, want: Any, dtypes: set[str]) -> None:
     """`got` (rows of vectors) equals `want`: within 1e-4 per component when the server
     computes in float32 (torch or onnxruntime), else each row's cosine >= `MIN_COSINE`, the
-    bar a reduced dtype passed to be chosen (service/backends/ranking.py)."""
+    bar a reduced dtype passed to be chosen (service/engine/loading/choice/ranking.py)."""
     a = np.atleast_2d(np.asarray(got, dtype=np.float64))
     b = np.atleast_2d(np.asarray(want, dtype=np.float64))
     assert a.shape == b.shape

@@ -20,7 +20,7 @@ from helpers import SEED_TEXT, ServerProcess
 from models import build_sentence_model
 from specs_check import check_answer
 
-from service.engine.loading import default_model_dir
+from service.engine.loading.load import default_model_dir
 
 pytestmark = pytest.mark.server
 

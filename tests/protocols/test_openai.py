@@ -17,7 +17,7 @@ from helpers import ServerProcess
 from schema_check import check_tei
 from sentence_transformers import SentenceTransformer
 
-from service.engine.loading import EMBEDDED_MODEL_NAME
+from service.engine.loading.load import EMBEDDED_MODEL_NAME
 
 pytestmark = pytest.mark.server
 

@@ -16,7 +16,7 @@ from schema_check import validator
 from starlette.testclient import TestClient
 
 from service.app import create_app
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
 from service.settings import Settings
 
 pytestmark = pytest.mark.server

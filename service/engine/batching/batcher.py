@@ -27,9 +27,9 @@ from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.forming import BatchFormer
 from service.engine.batching.queue import WorkQueue
 from service.engine.batching.running import BatchRunner
-from service.engine.loading import load_engine
+from service.engine.loading.load import load_engine
+from service.engine.loading.warmup import calibrate, warm_up
 from service.engine.types import Engine, ModelInfo
-from service.engine.warmup import calibrate, warm_up
 from service.errors import Draining, InferenceFailed
 from service.settings import Settings
 

@@ -9,7 +9,7 @@ answers cut from the batch's outputs. Inference thread only.
 Tokenizing is `service.engine.forward.tokenizing` (the params it reads are listed there). Unit
 params read here (adapters validate them): `normalize` (bool), `dimensions` (int: keep the
 first N, then normalize), `ranges` (answer `jobs.Ranged`: the vector and its int8 ranges,
-`service.engine.quantization`), `max_active_dims` (sparse: keep the k largest),
+`service.engine.loading.quantization`), `max_active_dims` (sparse: keep the k largest),
 `function_to_apply` and `top_k` (classify), `count_tokens` (answer `jobs.Counted`; classifiers'
 logits too).
 """
@@ -23,16 +23,16 @@ import numpy as np
 
 from service.backends import Backend
 from service.backends.torch_backend import TorchBackend
-from service.engine import st_config
 from service.engine.forward.tokenizing import Encoded, UnitTokenizer
 from service.engine.jobs import Counted, Op, Unit
 from service.engine.pooling import outputs
+from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import ModelInfo, Output, Prepared
 
 if TYPE_CHECKING:
     from transformers import Pipeline
 
-    from service.engine.quantization import Calibration
+    from service.engine.pooling.calibration import Calibration
 
 
 class EncoderEngine:
@@ -42,7 +42,7 @@ class EncoderEngine:
         self,
         pipe: Pipeline,
         info: ModelInfo,
-        sentence: st_config.SentenceConfig | None,
+        sentence: SentenceConfig | None,
         backend: Backend | None = None,
     ) -> None:
         self.pipe = pipe

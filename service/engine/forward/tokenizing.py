@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from service import metrics
-from service.engine import st_config
 from service.engine.forward import windows
+from service.engine.forward.prompts import prompt_length, st_text
 from service.engine.jobs import Op, Unit
+from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 
@@ -42,9 +43,7 @@ class UnitTokenizer:
     """The encoder engine's `prepare` and `prepare_many`, on the pipeline's tokenizer `tok`:
     each unit to its `Encoded` ids (or its answer, for tokenize and decode)."""
 
-    def __init__(
-        self, tok: Any, info: ModelInfo, sentence: st_config.SentenceConfig | None
-    ) -> None:
+    def __init__(self, tok: Any, info: ModelInfo, sentence: SentenceConfig | None) -> None:
         self.tok = tok
         self.info = info
         self.sentence = sentence
@@ -107,7 +106,7 @@ class UnitTokenizer:
         assert unit.text is not None
         prompt = self._prompt(unit)
         if self.sentence is not None:
-            return st_config.st_text(unit.text, self.sentence, prompt)
+            return st_text(unit.text, self.sentence, prompt)
         return prompt + unit.text if prompt else unit.text
 
     def _prompt(self, unit: Unit) -> str | None:
@@ -176,7 +175,7 @@ class UnitTokenizer:
         if not name or self.sentence is None or self.sentence.include_prompt:
             return 0
         if name not in self._prompt_tokens:
-            self._prompt_tokens[name] = st_config.prompt_length(self.tok, self.info.prompts[name])
+            self._prompt_tokens[name] = prompt_length(self.tok, self.info.prompts[name])
         return self._prompt_tokens[name]
 
     def _tokens(self, unit: Unit) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.engine.st_config import TRANSFORMER_KEYS, UnsupportedModel, read_json
+from service.engine.folders import TRANSFORMER_KEYS, UnsupportedModel, read_json
 
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
 _LAYOUT = "Transformer (text-generation) -> LogitScore"

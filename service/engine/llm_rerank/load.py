@@ -10,10 +10,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+from service.engine.folders import SCORE_ACTIVATIONS
+from service.engine.forward.prompts import configure_tokenizer
 from service.engine.jobs import Op
 from service.engine.llm_rerank.config import RerankerConfig
 from service.engine.llm_rerank.engine import CausalRerankEngine
-from service.engine.st_config import SCORE_ACTIVATIONS, SentenceConfig, configure_tokenizer
+from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import ModelInfo, Output
 from service.settings import Settings
 

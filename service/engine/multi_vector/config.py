@@ -29,14 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.engine.folders import TRANSFORMER_KEYS, UnsupportedModel, module_kind, read_json
 from service.engine.pooling.heads import DenseSpec, UnsupportedHead, read_dense
-from service.engine.st_config import (
-    TRANSFORMER_KEYS,
-    SentenceConfig,
-    UnsupportedModel,
-    module_kind,
-    read_json,
-)
+from service.engine.pooling.sentence import SentenceConfig
 
 MODEL_TYPE = "MultiVectorEncoder"
 SIMILARITIES = ("maxsim", "meanmaxsim")

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from service.backends import Backend
+from service.engine.folders import UnsupportedModel
 from service.engine.forward.tokenizing import UnitTokenizer
 from service.engine.jobs import NO_FORWARD, Unit
 from service.engine.multi_vector.config import MultiVectorConfig
 from service.engine.pooling import heads
-from service.engine.st_config import UnsupportedModel
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 

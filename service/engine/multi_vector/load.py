@@ -1,6 +1,6 @@
 """Serving a loaded multi-vector model: its `ModelInfo` and the engine on the torch backend.
 
-`service.engine.loading` builds the pipeline (the Transformer module's encoder and tokenizer,
+`service.engine.loading.load` builds the pipeline (the Transformer module's encoder and tokenizer,
 set up as sentence-transformers sets them up) and hands it here. The forward runs on torch:
 float32 by default (the dtype every answer is checked against), bfloat16 or float16 when
 DTYPE asks; onnxruntime is not offered for these models (BACKEND=onnx, DTYPE=int8 refused).

@@ -14,23 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from service.engine import st_config
+from service.engine.folders import UnsupportedModel
 from service.engine.jobs import Op, Ranged
 from service.engine.pooling import heads, sparse
 from service.engine.pooling.pool import finish, pool
+from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import Prepared
 
 if TYPE_CHECKING:
     import torch
 
-    from service.engine.quantization import Calibration
+    from service.engine.pooling.calibration import Calibration
 
 log = structlog.get_logger("service.outputs")
 
 
-def load_heads(
-    sentence: st_config.SentenceConfig | None, device: Any
-) -> tuple[heads.DenseHead, ...]:
+def load_heads(sentence: SentenceConfig | None, device: Any) -> tuple[heads.DenseHead, ...]:
     """The folder's Dense modules, loaded in order on `device` (none without a config)."""
     if sentence is None or not sentence.dense:
         return ()
@@ -38,10 +37,10 @@ def load_heads(
     try:
         return tuple(heads.load_dense(folder, spec, device) for spec in sentence.dense)
     except heads.UnsupportedHead as exc:
-        raise st_config.UnsupportedModel(str(exc)) from None
+        raise UnsupportedModel(str(exc)) from None
 
 
-def served_dimension(sentence: st_config.SentenceConfig, config: Any) -> int:
+def served_dimension(sentence: SentenceConfig, config: Any) -> int:
     """The width answers really have: the vocabulary (SPLADE), the last Dense module's
     `out_features`, else the model's hidden size x pooling modes, read from the loaded
     model's config (a Pooling config may declare another width: it is logged, not served).
@@ -62,7 +61,7 @@ def served_dimension(sentence: st_config.SentenceConfig, config: Any) -> int:
     if sentence.dense:
         first = sentence.dense[0]
         if first.in_features != pooled:
-            raise st_config.UnsupportedModel(
+            raise UnsupportedModel(
                 f"Dense module ({first.path}) takes {first.in_features} features but pooling "
                 f"gives {pooled} (hidden size x modes)"
             )
@@ -118,7 +117,7 @@ def sparse_rows(
     batch: list[Prepared],
     logits: torch.Tensor,
     mask: torch.Tensor,
-    sentence: st_config.SentenceConfig | None,
+    sentence: SentenceConfig | None,
 ) -> dict[int, sparse.SparseVector]:
     """Each `Op.SPARSE` unit's SPLADE vector, by batch position (`max_active_dims` kept), from
     the MLM `logits` [B, L, vocab] under `mask` [B, L], as `sentence`'s SpladePooling says."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from service.engine.st_config import MODES, UnsupportedModel
+from service.engine.folders import UnsupportedModel
+from service.engine.pooling.sentence import MODES
 
 if TYPE_CHECKING:
     import torch

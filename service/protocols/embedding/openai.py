@@ -22,12 +22,9 @@ with this model's tokenizer (after truncation), counted in the inference thread.
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
-from starlette.requests import Request
-from starlette.responses import Response
 
 from service.engine.jobs import Counted, Job, Op
 from service.engine.types import ModelInfo
@@ -38,17 +35,9 @@ from service.protocols.encodings import EncodingField, encode_vector
 from service.protocols.schemas import Dimensions, NonBlank, decode, inputs_list, validate
 from service.protocols.serving import (
     Endpoint,
-    json_response,
     needs,
-    require_api_key,
-    runtime_of,
 )
 from service.settings import Settings
-
-#: `created` of the one model in /v1/models: when this process started serving it.
-_CREATED = int(time.time())
-OWNED_BY = "pipeline-server"
-
 
 #: TEI's `Input`, its messages naming `input`.
 Input = Annotated[
@@ -106,29 +95,6 @@ class EmbeddingsResponse(BaseModel):
     usage: Usage
 
 
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-class OpenAIError(BaseModel):
-    message: str
-    type: str = Field(description="our error_type, e.g. invalid_input")
-    param: str | None
-    code: int = Field(description="the HTTP status")
-
-
-class OpenAIErrorResponse(BaseModel):
-    error: OpenAIError
-
-
 #: The 422 for token ids while OPENAI_TOKEN_IDS=refuse.
 FOREIGN_TOKEN_IDS = (
     "input holds token ids, which /v1/embeddings reads as OpenAI's tiktoken ids (the OpenAI "
@@ -183,14 +149,6 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
 
     headers = dimension_warning(info, r.dimensions)
     return Job(tei_shapes.units(Op.EMBED, r.input, params), finish, headers=headers)
-
-
-async def models(request: Request) -> Response:
-    """`GET /v1/models`: the one model this server serves."""
-    require_api_key(request)
-    info = runtime_of(request).model_info()
-    card = {"id": info.served_name, "object": "model", "created": _CREATED, "owned_by": OWNED_BY}
-    return json_response({"object": "list", "data": [card]})
 
 
 ENDPOINTS = (

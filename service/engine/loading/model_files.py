@@ -12,17 +12,19 @@ from typing import Any
 
 import structlog
 
-from service.engine import st_config
+from service.engine.folders import UnsupportedModel
 from service.engine.llm_rerank.config import (
     RerankerConfig,
     is_causal_reranker,
     read_reranker_config,
 )
+from service.engine.loading import st_config
 from service.engine.multi_vector.config import (
     MultiVectorConfig,
     is_multi_vector,
     read_multi_vector_config,
 )
+from service.engine.pooling.sentence import SentenceConfig
 from service.settings import Settings
 
 log = structlog.get_logger("service.loading")
@@ -49,7 +51,7 @@ def is_splade(model_id: str, settings: Settings) -> bool:
         return False
     try:
         found = st_config.read_sentence_config(Path(model_id))
-    except (st_config.UnsupportedModel, ValueError, OSError):
+    except (UnsupportedModel, ValueError, OSError):
         return False  # refused with its message where the task needs it (preflight)
     return found is not None and found.splade is not None
 
@@ -64,7 +66,7 @@ def multi_vector_config(model_id: str, settings: Settings) -> MultiVectorConfig 
     if folder is None or not is_multi_vector(folder):
         return None
     if settings.pooling is not None:
-        raise st_config.UnsupportedModel(
+        raise UnsupportedModel(
             f"POOLING={settings.pooling} does not apply to a multi-vector model (its answers are "
             "token vectors: /embed_multi); unset POOLING"
         )
@@ -80,7 +82,7 @@ def causal_reranker_config(model_id: str, settings: Settings) -> RerankerConfig 
     return read_reranker_config(folder)
 
 
-def sentence_config(model_id: str, settings: Settings) -> st_config.SentenceConfig | None:
+def sentence_config(model_id: str, settings: Settings) -> SentenceConfig | None:
     """The sentence-transformers configuration of the model's folder (pooling, normalization,
     max_seq_length, prompts), or the `POOLING` setting's; None for token rows only.
     `POOLING=none` keeps token rows even for a sentence-transformers model."""

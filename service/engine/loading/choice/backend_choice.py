@@ -1,11 +1,11 @@
 """Which backend computes the encoder engine's forward: the candidates BACKEND/DTYPE allow,
-checked and timed on the engine's own inputs (`service.backends.candidates`).
+checked and timed on the engine's own inputs (`service.engine.loading.choice.candidates`).
 
 The check and the inputs are the engine's: fixed texts tokenized and padded as traffic is
 (`EncoderEngine.prepare_many`, `EncoderEngine.padded`), and every output kind the model serves
-compared with float32's as it is served (`service.backends.quality`, which states the bounds):
-a pooled model's vectors after its own pooling (`service.engine.pooling.pool`) and its token
-rows; token rows (no pooling); a SPLADE model's weights after its own `SpladePooling`
+compared with float32's as it is served (`service.engine.loading.choice.quality`, which states the
+bounds): a pooled model's vectors after its own pooling (`service.engine.pooling.pool`) and its
+token rows; token rows (no pooling); a SPLADE model's weights after its own `SpladePooling`
 (`service.engine.pooling.sparse`): top-k indices and dot products; a classifier's
 probabilities and top labels, a reranker's scores (its own activation) and their order. So
 what is checked is what is served, and the backends layer knows tensors only.
@@ -19,9 +19,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from service.backends.candidates import Trial, choose_backend
 from service.backends.int8 import CalibrationBatches
-from service.backends.quality import (
+from service.engine.forward.encoder import EncoderEngine
+from service.engine.loading.choice.candidates import Trial, choose_backend
+from service.engine.loading.choice.quality import (
     Quality,
     classifier_quality,
     combined,
@@ -29,13 +30,12 @@ from service.backends.quality import (
     sparse_quality,
     vector_quality,
 )
-from service.backends.ranking import Compare
-from service.engine.forward.encoder import EncoderEngine
+from service.engine.loading.choice.ranking import Compare
+from service.engine.loading.warmup import sample_unit
+from service.engine.pooling.calibration import read_set
 from service.engine.pooling.pool import pool
 from service.engine.pooling.sparse import SpladeSpec, splade_pool
-from service.engine.quantization import read_set
 from service.engine.types import Output
-from service.engine.warmup import sample_unit
 from service.settings import Settings
 
 # Fixed texts: the quality check's inputs, and (repeated) the timing batches'.

@@ -1,5 +1,5 @@
 """Loading the model: which task, device, dtype and thread count, the engine that serves it
-and its `ModelInfo` (what its files say before the load: `service.engine.model_files`).
+and its `ModelInfo` (what its files say before the load: `service.engine.loading.model_files`).
 
 Runs in the inference thread only (torch and transformers are imported lazily here), so the
 event loop never pays for imports or weights; gunicorn would kill a worker whose loop stalls.
@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from service.backends.candidates import pipeline_choice
-from service.engine import locate, quantization, st_config, warmup
-from service.engine.backend_choice import serve_chosen_backend
-from service.engine.cpu_threads import default_torch_threads
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
+from service.engine.forward.prompts import configure_tokenizer
 from service.engine.jobs import Op
 from service.engine.llm_rerank.load import causal_rerank_engine
-from service.engine.model_files import (
+from service.engine.loading import locate, quantization, st_config, warmup
+from service.engine.loading.choice.backend_choice import serve_chosen_backend
+from service.engine.loading.choice.candidates import pipeline_choice
+from service.engine.loading.cpu_threads import default_torch_threads
+from service.engine.loading.model_files import (
     causal_reranker_config,
     config_json,
     is_splade,
@@ -35,6 +36,7 @@ from service.engine.model_files import (
 from service.engine.multi_vector import config as multi_vector
 from service.engine.multi_vector.load import multi_vector_engine
 from service.engine.pooling import outputs
+from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import Engine, ModelInfo, Output
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
 
@@ -205,7 +207,7 @@ def load_engine(settings: Settings) -> Engine:
     limit = _max_input_tokens(pipe)
     if sentence is not None:  # what sentence-transformers encodes: max_seq_length, lower case
         positions = getattr(pipe.model.config, "max_position_embeddings", None)
-        limit = min(limit, st_config.configure_tokenizer(tok, sentence, positions))
+        limit = min(limit, configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit  # truncation then cuts at the real limit
     if multi is not None:
         served = served_name(settings, model_id)
@@ -238,7 +240,7 @@ def _model_info(
     task: str,
     pipe: Pipeline,
     limit: int,
-    sentence: st_config.SentenceConfig | None,
+    sentence: SentenceConfig | None,
 ) -> ModelInfo:
     import torch
 
@@ -284,7 +286,7 @@ def _model_info(
     )
 
 
-def _output(task: str, sentence: st_config.SentenceConfig | None) -> Output:
+def _output(task: str, sentence: SentenceConfig | None) -> Output:
     """What a model of `task` answers; feature-extraction's by its sentence-transformers
     config (`sentence`: None for token rows only)."""
     if task in ("fill-mask", "token-classification"):
@@ -314,7 +316,7 @@ def _warn_if_splade_as_fill_mask(model_id: str, settings: Settings, task: str) -
 
 
 def _masked_lm_for_splade(
-    pipe: Pipeline, weights: str, sentence: st_config.SentenceConfig | None, settings: Settings
+    pipe: Pipeline, weights: str, sentence: SentenceConfig | None, settings: Settings
 ) -> Any:
     """The pipeline's model, or for SPLADE the same weights with their masked-LM head (the
     feature-extraction pipeline loads the bare encoder), so the forward's first output is the

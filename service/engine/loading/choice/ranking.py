@@ -2,8 +2,8 @@
 fastest that keeps the answers. Pure logic over candidates and a clock (tests pass fakes).
 
 The checks, on fixed texts against torch float32's outputs, one per output kind the engine
-serves, and their bounds are `service.backends.quality`'s; the engine picks those of its
-model (`service.engine.backend_choice`).
+serves, and their bounds are `service.engine.loading.choice.quality`'s; the engine picks those of
+its model (`service.engine.loading.choice.backend_choice`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.backends import Backend
-from service.backends.quality import Quality
+from service.engine.loading.choice.quality import Quality
 
 
 @dataclass(frozen=True)

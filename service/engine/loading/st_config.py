@@ -15,17 +15,19 @@ tokenizer's own padding side. The text is neither stripped nor lower-cased in Py
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.engine.pooling.heads import DenseSpec, UnsupportedHead, read_dense
+from service.engine.folders import (
+    SCORE_ACTIVATIONS,
+    Module,
+    UnsupportedModel,
+    module_kind,
+    read_json,
+)
+from service.engine.pooling.heads import UnsupportedHead, read_dense
+from service.engine.pooling.sentence import MODES, SentenceConfig
 from service.engine.pooling.sparse import ACTIVATIONS, STRATEGIES, SpladeSpec
-from service.errors import InvalidInput
-
-# ST 6 concatenates modes in the order `pooling_mode` lists them; legacy booleans in this order.
-MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-
 
 _LEGACY_MODE_KEYS = {  # pre-6 `1_Pooling/config.json` booleans, in the same order
     "pooling_mode_cls_token": "cls",
@@ -46,21 +48,6 @@ _MODE_ALIASES = {"last-token": "lasttoken", "last_token": "lasttoken"}  # TEI's 
 _KNOWN = ("Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling")
 
 
-#: The Transformer module keys (`sentence_bert_config.json`) sentence-transformers 6 writes
-#: for any model; the multi-vector and causal-LM reranker readers accept these and their own.
-TRANSFORMER_KEYS = frozenset(
-    {
-        "transformer_task",
-        "modality_config",
-        "module_output_name",
-        "processing_kwargs",
-        "unpad_inputs",
-        "max_seq_length",
-        "do_lower_case",
-    }
-)
-
-
 _DENSE_LAYOUT = "Transformer -> Pooling -> Dense (any number) -> optional Normalize"
 
 
@@ -77,50 +64,6 @@ _TRANSFORMER_CONFIGS = tuple(  # the names ST tries, first found wins
     f"sentence_{name}_config.json"
     for name in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
 )
-
-
-class UnsupportedModel(ValueError):
-    """A sentence-transformers folder whose embeddings this server cannot reproduce."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Module:
-    """One entry of modules.json: its class name (`Pooling`) and folder (`1_Pooling`)."""
-
-    kind: str
-    path: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class SentenceConfig:
-    """How a sentence-transformers model turns token rows into one sentence embedding."""
-
-    modes: tuple[str, ...]  # pooling modes, concatenated in this order
-    dimension: int  # output width: hidden size x len(modes)
-    include_prompt: bool = True  # False: prompt tokens are left out of pooling
-    normalize: bool = True  # L2-normalize (a Normalize module follows Pooling)
-    max_seq_length: int | None = None  # sentence_bert_config.json; None: the tokenizer's
-    do_lower_case: bool = False  # a Lowercase normalizer goes before the tokenizer's own
-    prompts: dict[str, str] = field(default_factory=dict)  # with ST's "query" and "document"
-    default_prompt_name: str | None = None
-    transformer_path: str = ""  # the folder of the Transformer module, relative ("" = root)
-    dense: tuple[DenseSpec, ...] = ()  # Dense modules after Pooling, in order
-    splade: SpladeSpec | None = None  # a SparseEncoder: SPLADE pooling of MLM logits
-    folder: str = ""  # the model folder the module paths are relative to
-    declared_dimension: int | None = None  # what the Pooling config says (may be wrong)
-    matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
-
-    def modules(self) -> tuple[str, ...]:
-        """The module chain for /info and logs, e.g. `("Transformer", "Pooling(mean)",
-        "Dense(768->768, Tanh)", "Normalize")`."""
-        if self.splade is not None:
-            s = self.splade
-            return ("Transformer(fill-mask)", f"SpladePooling({s.strategy}, {s.activation})")
-        out = ["Transformer", f"Pooling({'+'.join(self.modes)})"]
-        for d in self.dense:
-            act = d.activation.rsplit(".", 1)[-1]
-            out.append(f"Dense({d.in_features}->{d.out_features}, {act})")
-        return (*out, *(("Normalize",) if self.normalize else ()))
 
 
 def read_sentence_config(folder: Path) -> SentenceConfig | None:
@@ -211,6 +154,10 @@ def _splade_spec(folder: Path, where: str) -> SpladeSpec:
     return SpladeSpec(strategy=strategy, activation=activation)
 
 
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def matryoshka_dimensions(folder: Path) -> tuple[int, ...] | None:
     """The widths a model was trained to be cut to: `matryoshka_dimensions` in config.json
     (vLLM's key; `is_matryoshka: true` alone: any width, `()`), else `()` when its
@@ -238,27 +185,6 @@ def config_for_pooling(mode: str, hidden_size: int) -> SentenceConfig:
     return SentenceConfig(
         modes=_check_modes([_MODE_ALIASES.get(mode, mode)], "POOLING"), dimension=hidden_size
     )
-
-
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def read_json(path: Path) -> Any:
-    """The JSON document in `path`; {} when there is no such file."""
-    return _read_json(path) if path.is_file() else {}
-
-
-def module_kind(entry: dict[str, Any], known: tuple[str, ...], model: str = "") -> str:
-    """The class name of a modules.json `entry` (`Pooling`) if it is a sentence-transformers
-    module in `known`, else `UnsupportedModel` naming it; `model` ends that message (" in a
-    multi-vector model")."""
-    ref = str(entry.get("type", ""))
-    kind = ref.rsplit(".", 1)[-1]
-    if ref.startswith("sentence_transformers.") and kind in known:
-        return kind
-    where = entry.get("path") or "the model folder"
-    raise UnsupportedModel(f"module {ref} (in {where}) is not supported by this server{model}")
 
 
 def _transformer_config(folder: Path, *, sparse: bool) -> dict[str, Any]:
@@ -307,63 +233,6 @@ def _check_normalize(config_file: Path, where: str) -> None:
     config = read_json(config_file)
     if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
         raise UnsupportedModel(f"Normalize module ({where}) on token rows is not supported")
-
-
-def resolve_prompt(config: SentenceConfig, prompt_name: str | None = None) -> str:
-    """The prompt `encode(prompt_name=...)` prepends: the named one, else the default prompt
-    name's, else none (""). Raises `InvalidInput` for a name the model does not have."""
-    if prompt_name is None:
-        return config.prompts.get(config.default_prompt_name or "", "")
-    if prompt_name not in config.prompts:
-        raise InvalidInput(
-            f"unknown prompt_name {prompt_name!r}; this model has {sorted(config.prompts)}"
-        )
-    return config.prompts[prompt_name]
-
-
-def st_text(text: str, config: SentenceConfig, prompt: str | None) -> str:
-    """The string ST tokenizes: `prompt + text` (prompt None: the model's default prompt).
-
-    No strip and no lower-casing here: ST 6 does neither in Python (ST <= 5 stripped);
-    `do_lower_case` is a tokenizer normalizer (`configure_tokenizer`)."""
-    return (resolve_prompt(config) if prompt is None else prompt) + text
-
-
-def configure_tokenizer(tokenizer: Any, config: SentenceConfig, max_positions: int | None) -> int:
-    """Set the tokenizer up as ST's Transformer module does; return its max length in tokens.
-
-    `model_max_length` becomes max_seq_length, else min(its own, max_positions) (the model
-    config's `max_position_embeddings`); `do_lower_case` puts a `Lowercase` normalizer before
-    the tokenizer's own unless one is there. Mutates `tokenizer`."""
-    from tokenizers.normalizers import Lowercase, Sequence
-
-    if config.max_seq_length is not None:
-        tokenizer.model_max_length = config.max_seq_length
-    elif max_positions is not None and max_positions != -1:
-        tokenizer.model_max_length = min(tokenizer.model_max_length, max_positions)
-    if config.do_lower_case:
-        backend = tokenizer.backend_tokenizer
-        current = backend.normalizer
-        steps: list[Any] = [] if current is None else [current]
-        if isinstance(current, Sequence):
-            steps = list(current)  # type: ignore[call-overload]  # iterable; the stubs omit it
-        if not any(isinstance(step, Lowercase) for step in steps):
-            backend.normalizer = Sequence([Lowercase(), *steps])
-    return int(tokenizer.model_max_length)
-
-
-def prompt_length(tokenizer: Any, prompt: str) -> int:
-    """Tokens of `prompt` at the start of `prompt + text`, as ST counts them for
-    include_prompt=False: the prompt tokenized alone (same truncation), minus a trailing special
-    token ([SEP], EOS). A leading [CLS]/BOS counts as prompt. 0 for no prompt (ST skips it)."""
-    if not prompt:
-        return 0
-    ids = tokenizer(prompt, truncation="longest_first")["input_ids"]
-    return len(ids) - int(bool(ids) and ids[-1] in tokenizer.all_special_ids)
-
-
-#: `CrossEncoder` activations we apply to a logit, by torch class name.
-SCORE_ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "identity", "Tanh": "tanh"}
 
 
 def score_activation(config: Any, trust_remote_code: bool = False) -> str:

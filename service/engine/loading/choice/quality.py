@@ -1,8 +1,9 @@
 """The checks `auto` applies to a candidate's answers against torch float32's, one per output
-kind the engine serves, on the fixed warm-up texts (`service.engine.backend_choice.TEXTS`);
-a candidate that fails one is not served (`service.backends.ranking`). On torch tensors;
-turning the model's first output into the answers compared (pooling, SPLADE) is the
-engine's (`service.engine.backend_choice`).
+kind the engine serves, on the fixed warm-up texts
+(`service.engine.loading.choice.backend_choice.TEXTS`); a candidate that fails one is not served
+(`service.engine.loading.choice.ranking`). On torch tensors; turning the model's first output into
+the answers compared (pooling, SPLADE) is the engine's
+(`service.engine.loading.choice.backend_choice`).
 
 Every check also needs finite values (a float16 overflow fails). The bounds:
 - pooled vectors: each text's cosine to float32's >= `MIN_COSINE` (0.9995; bfloat16 keeps

@@ -5,7 +5,7 @@ Measuring every candidate takes seconds (6 to 23 s for all-MiniLM-L6-v2 on 2 cor
 of a start) and its timings move with the machine's load: three starts on one machine chose
 three ways (vectors of one input up to 3.4e-3 apart). So the first start with `BACKEND=auto`
 and `DTYPE=auto` writes its choice, the served candidate and the small-batch route
-(`service.backends.candidates`), to
+(`service.engine.loading.choice.candidates`), to
 
     $XDG_CACHE_HOME/pipeline-server/onnx/<model key>/choice-<machine key>.json
 
@@ -14,8 +14,8 @@ torch's version and the opset), and later starts build those candidates without 
 `<machine key>` covers what else decides a choice: the versions of torch, onnxruntime and
 transformers, the CPU (model name and flags from /proc/cpuinfo), torch's thread count, what
 the engine answers and the pooling modes checked, and the checks with their bounds
-(`service.backends.quality.checks_key`: a choice that passed other checks is not reused).
-A change of any of them, or `BACKEND`/`DTYPE` set, chooses again; so does a cached choice
+(`service.engine.loading.choice.quality.checks_key`: a choice that passed other checks is not
+reused). A change of any of them, or `BACKEND`/`DTYPE` set, chooses again; so does a cached choice
 whose candidate no longer builds. Deleting the file chooses again at the next start.
 """
 
@@ -59,7 +59,7 @@ def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 def machine_key(what: str, threads: int) -> str:
     """SHA-256 (first 16 hex digits) of what besides the model decides a choice; `what`:
     what the engine answers and how it pools (the quality check depends on it)."""
-    from service.backends.quality import checks_key
+    from service.engine.loading.choice.quality import checks_key
 
     parts = [
         f"format={FORMAT}",

@@ -2,8 +2,8 @@
 
 `auto` never guesses: every candidate this machine runs natively is built, timed on warm-up
 batches of 1 to 32 inputs and checked against torch float32 on fixed texts
-(`service.backends.ranking`); the fastest that passes is served. The inputs and the check come
-from the engine (`Trial`: its own padded batches, its own pooling). Candidates:
+(`service.engine.loading.choice.ranking`); the fastest that passes is served. The inputs and the
+check come from the engine (`Trial`: its own padded batches, its own pooling). Candidates:
 - torch float32: the reference, always;
 - onnxruntime float32 (CPU): exported once, cached (`service.backends.export`);
 - torch bfloat16 on a CPU with native bfloat16 (AVX512-BF16 or AMX: elsewhere torch emulates
@@ -13,7 +13,7 @@ from the engine (`Trial`: its own padded batches, its own pooling). Candidates:
 An explicit BACKEND and DTYPE serve that one candidate (measured, for /info), or torch float32
 with one log line saying why when it cannot be built (a model that does not export). With both
 `auto`, the choice is cached and a restart on the same machine reuses it without measuring
-(`service.backends.choice_cache`).
+(`service.engine.loading.choice.choice_cache`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ from typing import Any
 
 import structlog
 
-from service.backends import Backend, choice_cache, quality
+from service.backends import Backend
 from service.backends.int8 import CalibrationBatches
 from service.backends.packed import torch_backend
-from service.backends.ranking import (
+from service.backends.routed import RoutedBackend
+from service.backends.torch_backend import TorchBackend, converted
+from service.engine.loading.choice import choice_cache, quality
+from service.engine.loading.choice.ranking import (
     Candidate,
     Compare,
     Measured,
@@ -38,8 +41,6 @@ from service.backends.ranking import (
     measure,
     route,
 )
-from service.backends.routed import RoutedBackend
-from service.backends.torch_backend import TorchBackend, converted
 
 log = structlog.get_logger("service.backends")
 
@@ -80,7 +81,7 @@ class Choice:
     def summary(self) -> dict[str, Any]:
         """/info's `backend` object and the `backend_chosen` log line's fields: the served
         backend, each candidate's measurements (`Measured.summary`) and `checks`, the checks
-        that ran with their bounds (`service.backends.quality.bounds`). A reused
+        that ran with their bounds (`service.engine.loading.choice.quality.bounds`). A reused
         choice: the measuring start's object, with this start's `choice_s`, `reused: true` and
         the measuring start's seconds as `measured_s`."""
         if self.cached is not None:
@@ -220,7 +221,7 @@ def _remember(cache: Path, choice: Choice) -> None:
 
 def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started: float) -> Choice:
     """The choice for `plan`: one backend, or two (`RoutedBackend`) when small batches run
-    faster on another passing candidate (`service.backends.ranking.route`)."""
+    faster on another passing candidate (`service.engine.loading.choice.ranking.route`)."""
     measured = tuple(m for m, _ in results)
     large = results[plan.large][1]
     assert large is not None
