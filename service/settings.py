@@ -220,3 +220,16 @@ def load_settings() -> Settings:
         name = str(err["loc"][0]).upper() if err["loc"] else msg.split("=")[0].split()[0]
         given = f" (got {os.environ[name]!r})" if os.environ.get(name) else ""
         raise SettingsError(f"invalid setting {name}: {msg}{given}") from None
+
+
+def setting_names() -> dict[str, str]:
+    """Each setting's command-line flag and its environment variable: `{"--model-id":
+    "MODEL_ID", ...}`, from the `Settings` fields."""
+    return {f"--{name.replace('_', '-')}": name.upper() for name in Settings.model_fields}
+
+
+def export_flags(values: dict[str, str]) -> None:
+    """Hand settings given as flags (`{"MODEL_ID": "..."}`) to this process and the gunicorn it
+    becomes: the server reads them as it reads its environment, so a flag and its variable are
+    one setting (the flag wins)."""
+    os.environ.update(values)
