@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.admission.policy import AdmissionPolicy
-from service.engine.batching.batcher import Batcher
+from service.engine.face import Inference
 from service.engine.loading.load import load_engine
 from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
 from service.http import context
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, engine_factory: Any = load_engi
     through the CLI); `engine_factory(settings) -> Engine` is replaceable for tests."""
     settings = settings or load_settings()
     configure_logging(settings.log_level, settings.log_format)
-    runtime = Runtime(settings, Batcher(settings, engine_factory))
+    runtime = Runtime(settings, Inference(settings, engine_factory))
     admission = AdmissionPolicy(runtime, INFERENCE_PATHS)
 
     @asynccontextmanager

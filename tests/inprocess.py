@@ -114,7 +114,7 @@ class Served:
 
     @property
     def depth(self) -> int:
-        return int(self.app.state.runtime.batcher.queue.depth)
+        return int(self.app.state.runtime.inference.queue_depth)
 
     def wait_depth(self, depth: int, timeout: float = 10) -> None:
         until = time.monotonic() + timeout

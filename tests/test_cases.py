@@ -39,7 +39,7 @@ def assert_control(client: TestClient, fill_mask: bool) -> None:
     r = client.post("/", content=text)
     assert r.status_code == 200, r.text
     assert client.get("/readyz").status_code == 200
-    assert client.app.state.runtime.batcher.queue.depth == 0  # type: ignore[attr-defined]
+    assert client.app.state.runtime.inference.queue_depth == 0  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module", params=["fill-mask", "embedded"])
@@ -131,7 +131,7 @@ def test_c04_two_masks_answer_one_list_per_mask(fill_mask_client: TestClient) ->
     )
     assert r.status_code == 200, r.text
     got = r.json()
-    info = fill_mask_client.app.state.runtime.batcher.info  # type: ignore[attr-defined]
+    info = fill_mask_client.app.state.runtime.inference.info  # type: ignore[attr-defined]
     direct = pipeline("fill-mask", model=info.model_id)("Paris is the [MASK] of [MASK].", top_k=2)
     assert len(got) == 2 and all(len(per_mask) == 2 for per_mask in got)
     for mine, theirs in zip(got, direct, strict=True):
@@ -213,7 +213,7 @@ def test_c09_bad_top_k_is_422(fill_mask_client: TestClient, top_k: Any) -> None:
 
 
 def test_c09_huge_top_k_is_clamped_to_the_vocabulary(fill_mask_client: TestClient) -> None:
-    info = fill_mask_client.app.state.runtime.batcher.info  # type: ignore[attr-defined]
+    info = fill_mask_client.app.state.runtime.inference.info  # type: ignore[attr-defined]
     for top_k in (1_000_000_000, info.vocab_size):
         r = fill_mask_client.post("/", json={"inputs": SEED_TEXT, "parameters": {"top_k": top_k}})
         assert r.status_code == 200, r.text

@@ -197,3 +197,56 @@ def test_no_dialect_module_imports_another() -> None:
     assert not sideways, "dialect modules importing each other:\n" + "\n".join(sideways)
     dialects = [m for m in graph() if is_dialect(m)]
     assert "service.protocols.embedding.tei" in dialects and len(dialects) >= 8
+
+
+#: The rooms of `service/engine/`, highest first: a module may import its own room and any room
+#: below it. The face is the engine's only door for the floors above (see the next test).
+ENGINE_ROOMS = [
+    "face",
+    "batching",
+    "loading",
+    "llm_rerank",
+    "multi_vector",
+    "forward",
+    "pooling",
+    "types",
+    "jobs",
+    "folders",
+]
+ENGINE_RANK = {name: len(ENGINE_ROOMS) - i for i, name in enumerate(ENGINE_ROOMS)}
+
+
+def engine_room(module: str) -> str | None:
+    """service.engine.loading.choice.ranking -> loading; service.engine.jobs -> jobs."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "engine" else None
+
+
+def test_every_engine_room_has_a_rank() -> None:
+    rooms = {engine_room(m) for m in graph()} - {None}
+    assert rooms <= set(ENGINE_RANK), f"engine rooms with no rank: {rooms - set(ENGINE_RANK)}"
+
+
+def test_no_import_runs_up_a_room_of_the_engine() -> None:
+    upward = [
+        f"{src} imports {dst}"
+        for src, dsts in sorted(graph().items())
+        for dst in sorted(dsts)
+        if (a := engine_room(src)) and (b := engine_room(dst)) and ENGINE_RANK[b] > ENGINE_RANK[a]
+    ]
+    assert not upward, "imports from a lower engine room to a higher one:\n" + "\n".join(upward)
+
+
+def test_nothing_above_the_engine_reaches_past_its_face() -> None:
+    """Admission, runtime, protocols, the edge and the app ask the engine through
+    `service.engine.face` (and its value types: jobs, types); never through the batcher."""
+    reaching = [
+        f"{src} imports {dst}"
+        for src, dsts in sorted(graph().items())
+        if rank(src) > RANK["engine"]
+        for dst in sorted(dsts)
+        if engine_room(dst) == "batching"
+    ]
+    assert not reaching, "modules above the engine importing its batching:\n" + "\n".join(reaching)
+    assert engine_room("service.engine.loading.choice.ranking") == "loading"
+    assert "service.engine.face" in graph()["service.runtime.runtime"]

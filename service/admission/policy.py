@@ -101,8 +101,7 @@ class AdmissionPolicy:
         is full, or their predicted wait passes the deadline: `WorkQueue.refusal`), or None.
         Read without the queue's lock: a stale read decides one request a batch late, and
         `WorkQueue.offer` decides again."""
-        batcher = self.runtime.batcher
-        return batcher.queue.refusal(inputs, deadline, batcher.estimate)
+        return self.runtime.inference.refusal(inputs, deadline)
 
     def _refusal(self, scope: Scope, asked_timeout: bytes | None) -> Unavailable | None:
         """Why a request for model work must be answered 503 from its head alone (draining,
@@ -272,8 +271,7 @@ class AdmissionPolicy:
             self.runtime.model_info()
         except Unavailable:
             return 0
-        batcher = self.runtime.batcher
-        return batcher.queue.room_by(deadline, batcher.estimate)
+        return self.runtime.inference.room_by(deadline)
 
 
 def _answer(path: str, error: Unavailable, request_id: str) -> Answer:

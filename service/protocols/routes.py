@@ -84,11 +84,11 @@ async def info(request: Request) -> Response:
     require_api_key(request)
     runtime = runtime_of(request)
     s = runtime.settings
-    model = runtime.batcher.info
+    model = runtime.inference.info
     return json_response(
         {
             "model": model.summary() if model else None,
-            "state": runtime.batcher.state.value,
+            "state": runtime.inference.state.value,
             "batching": {
                 "max_batch_size": s.max_batch_size,
                 "max_batch_wait_ms": s.max_batch_wait_ms,

@@ -24,8 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
 
 from service import metrics
-from service.engine.batching.batcher import Batcher, State
-from service.engine.batching.queue import Item
+from service.engine.face import Inference, Item, State
 from service.engine.jobs import Unit
 from service.engine.types import ModelInfo
 from service.errors import (
@@ -56,9 +55,9 @@ class ClientGone(Exception):
 
 
 class Runtime:
-    def __init__(self, settings: Settings, batcher: Batcher) -> None:
+    def __init__(self, settings: Settings, inference: Inference) -> None:
         self.settings = settings
-        self.batcher = batcher
+        self.inference = inference
         self.draining = False
         # Resolved when the drain time ends, which settles every request still waiting.
         self._drain_over: asyncio.Future[None] | None = None
@@ -75,7 +74,7 @@ class Runtime:
         """
         loop = asyncio.get_running_loop()
         self._drain_over = loop.create_future()
-        self.batcher.start()
+        self.inference.start()
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -95,14 +94,14 @@ class Runtime:
         metrics.READY.set(0)
         drain_s = self.settings.drain_timeout_s
         self._drain_ends_at = time.monotonic() + drain_s
-        self.batcher.drain_deadline = self._drain_ends_at
+        self.inference.drain_by(self._drain_ends_at)
         assert self._drain_over is not None
         loop = asyncio.get_running_loop()
         loop.call_later(drain_s, self._end_drain)
         for timeout in self._reading:  # bodies still arriving: at the drain end at the latest
             when = timeout.when()
             timeout.reschedule(min(when if when is not None else math.inf, loop.time() + drain_s))
-        log.info("draining", drain_timeout_s=drain_s, queue_depth=self.batcher.queue.depth)
+        log.info("draining", drain_timeout_s=drain_s, queue_depth=self.inference.queue_depth)
 
     def _end_drain(self) -> None:
         assert self._drain_over is not None
@@ -116,26 +115,17 @@ class Runtime:
         budget = self.settings.drain_timeout_s + 5
         if self._drain_ends_at is not None:
             budget = max(0.5, self._drain_ends_at + 3 - time.monotonic())
-        await asyncio.to_thread(self.batcher.stop, budget)
+        await asyncio.to_thread(self.inference.stop, budget)
 
     # -- probes --------------------------------------------------------------------------
     def live(self) -> tuple[bool, str]:
-        """The batcher's checks (thread alive, load not failed, no batch past LIVENESS_STALL_S)
-        plus its heartbeat once ready: the thread beats on every turn of its loop (at least
-        every half second when idle), so a thread stuck outside any batch (in tokenization, on
-        a lock) is not live either."""
-        live, status = self.batcher.live()
-        if not live or self.batcher.state is not State.READY:
-            return live, status
-        silent_s = time.monotonic() - self.batcher.heartbeat
-        if self.batcher.batch_started_at is None and silent_s > self.settings.liveness_stall_s:
-            return False, f"no heartbeat from the inference thread for {silent_s:.1f}s"
-        return live, status
+        """Liveness: the engine's health (`service.engine.face.Inference.health`)."""
+        return self.inference.health()
 
     def ready(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
-        return self.batcher.state is State.READY, self.batcher.state.value
+        return self.inference.state is State.READY, self.inference.state.value
 
     # -- requests ------------------------------------------------------------------------
     def model_info(self) -> ModelInfo:
@@ -144,10 +134,10 @@ class Runtime:
             raise Draining(
                 "the server is shutting down", retry_after_s=_LOADING_RETRY_S, shed="draining"
             )
-        info = self.batcher.info
-        if self.batcher.state is not State.READY or info is None:
+        info = self.inference.info
+        if self.inference.state is not State.READY or info is None:
             why = {State.LOADING: "the model is still loading"}.get(
-                self.batcher.state, self.batcher.failure or "the model is not serving"
+                self.inference.state, self.inference.failure or "the model is not serving"
             )
             raise NotReady(why, retry_after_s=_LOADING_RETRY_S, shed="not_ready")
         return info
@@ -163,7 +153,7 @@ class Runtime:
     def job_deadline(self, request: Request, deadline: float, inputs: int) -> float:
         """The deadline of a request of `inputs` inputs: `deadline` (`deadline()`), or for a bulk
         request `deadlines.bulk_timeout` from its arrival."""
-        if not self.batcher.queue.is_bulk(inputs):
+        if not self.inference.is_bulk(inputs):
             return deadline
         asked = header(request.scope, b"x-request-timeout")
         return arrival(request.scope) + bulk_timeout(self.settings, inputs, asked)
@@ -213,7 +203,7 @@ class Runtime:
     def submit(self, units: Sequence[Unit], deadline: float) -> list[Item]:
         """Queue the units (all or none); raise `Overloaded` (503) to shed them."""
         items = [Item(unit=u, deadline=deadline) for u in units]
-        self.batcher.queue.offer(items, self.batcher.estimate)
+        self.inference.offer(items)
         return items
 
     async def run(
