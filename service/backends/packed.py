@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from service.backends.packing import Packing
+from service.backends.packing import Packing, tokens_up_to
 from service.backends.torch_backend import TorchBackend
 
 # Families whose layers are BERT's (attention.self.{query,key,value}, attention.output,
@@ -55,13 +55,19 @@ def unsupported(model: Any) -> str | None:
 class PackedForward:
     """`model`'s first output computed packed (see the module). Call under inference mode.
 
+    `buckets` (default: in bfloat16 and float16, where oneDNN compiles a kernel per shape)
+    rounds the batch's shapes up to a fixed set (`service.backends.packing`); float32's matrix
+    products compile nothing per shape (one GELU kernel a new T), so padding would not pay.
     Raises `ValueError` from the constructor for a model `unsupported` names."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, buckets: bool | None = None) -> None:
+        import torch
+
         why = unsupported(model)
         if why is not None:
             raise ValueError(why)
         self.model = model
+        self.buckets = model.dtype != torch.float32 if buckets is None else buckets
         self.base = model.base_model
         self.family = str(model.config.model_type)
         self.qkv = [_fused_qkv(layer, self.family) for layer in self.base.encoder.layer]
@@ -79,7 +85,7 @@ class PackedForward:
         `token_type_ids`, each [B, L]). Returns the model's first output, in its dtype:
         [B, L, H] token rows, [B, L, vocab] masked-LM logits (zeros at padding), or
         [B, labels] logits."""
-        packing = Packing.of(inputs["attention_mask"])
+        packing = Packing.of(inputs["attention_mask"], self.buckets)
         x = self._embed(inputs, packing)
         layers = zip(self.base.encoder.layer, self.qkv, strict=True)
         if self.family == "mpnet":
@@ -96,8 +102,39 @@ class PackedForward:
             x = head(x)
         return packing.unpack(x)
 
+    def warm(self, max_tokens: int, max_batch: int, max_width: int) -> int:
+        """Make every bucket's kernels (see `service.backends.packing`) for batches of up to
+        `max_tokens` real tokens and `max_batch` inputs of up to `max_width` tokens, so that
+        no batch compiles one: one layer's token-wise parts on each token bucket's rows (every
+        layer has the same shapes) and a classifier's head on each batch size. Returns the
+        shapes run; 0 without buckets. Call under inference mode."""
+        import torch
+
+        if not self.buckets:
+            return 0
+        layer, qkv = self.base.encoder.layer[0], self.qkv[0]
+        hidden = int(qkv[0].shape[1])
+        attention = layer.attention.attn if self.family == "mpnet" else layer.attention.self
+        weight = qkv[0]
+        runs = 0
+        for size in tokens_up_to(max_tokens):
+            x = weight.new_zeros(size, hidden)
+            mixed = torch.nn.functional.linear(x, *qkv)
+            context = mixed[:, :hidden].contiguous()
+            if self.family == "mpnet":
+                x = layer.attention.LayerNorm(attention.o(context) + x)
+            else:
+                x = layer.attention.output(context, x)
+            layer.output(layer.intermediate(x), x)
+            runs += 1
+        if self.head == "classifier":
+            for batch in range(1, max_batch + 1):
+                self._classify(weight.new_zeros(batch, hidden), torch.ones(batch, 1).long())
+                runs += 1
+        return runs
+
     def _embed(self, inputs: Mapping[str, Any], packing: Packing) -> Any:
-        """The embeddings module on the packed tokens: [T, H]."""
+        """The embeddings module on the packed tokens: [size, H]."""
         import torch
 
         ids = inputs["input_ids"]
@@ -198,7 +235,8 @@ class PackedTorchBackend(TorchBackend):
 
     def __init__(self, model: Any, device: Any) -> None:
         super().__init__(model, device)
-        self._packed: Callable[[Mapping[str, Any]], Any] = PackedForward(model)
+        self.packed = PackedForward(model)
+        self._packed: Callable[[Mapping[str, Any]], Any] = self.packed
 
     def forward(self, inputs: Mapping[str, Any]) -> Any:
         import torch
@@ -206,6 +244,18 @@ class PackedTorchBackend(TorchBackend):
         with torch.inference_mode():
             out = self._packed({k: v.to(self.device) for k, v in inputs.items()})
         return out.float().cpu()
+
+
+def warm_kernels(backend: Any, max_tokens: int, max_batch: int, max_width: int) -> int:
+    """`PackedForward.warm` for a packed torch backend (or the packed half of a routed one);
+    returns the shapes run, 0 for every other backend."""
+    import torch
+
+    for part in (backend, getattr(backend, "large", None), getattr(backend, "small", None)):
+        if isinstance(part, PackedTorchBackend) and str(part.device) == "cpu":
+            with torch.inference_mode():
+                return part.packed.warm(max_tokens, max_batch, max_width)
+    return 0
 
 
 def torch_backend(model: Any, device: Any) -> TorchBackend:

@@ -16,6 +16,17 @@ and writes its context back with one scatter.
 
 Rows are taken in the padded batch's row-major order, so sequence i's tokens are contiguous
 and in order whichever side the tokenizer pads.
+
+Shapes the kernels have seen (`buckets`): oneDNN, which runs torch's bfloat16 matrix products
+on the CPU, compiles a kernel for each exact shape it meets (the [T, H] rows' projections and
+feed-forward, GELU) and keeps it in its primitive cache. Packed, T changes with every batch,
+so every batch compiled new kernels (about 14 a batch of 32 short inputs, with the groups'
+bfloat16 products). With buckets the packed rows are T rounded up (`token_bucket`: pad rows
+copy row 0's token, are computed like any row and are cut off at the end; token-wise parts
+never mix rows, and attention never reads them), so once each bucket's kernels are made
+(`service.backends.packed.PackedForward.warm`) no batch compiles one. The groups' attention
+products run in float32 (`_bfloat16_attention`), which compiles nothing per shape; a
+sequence alone runs torch's fused kernel, likewise.
 """
 
 from __future__ import annotations
@@ -31,6 +42,25 @@ CALL_COST = 32 * 32
 # Attention scores a bfloat16 group computes at once (`_bfloat16_attention`): 2^20 (4 MiB in
 # float32) ran faster than 2^16 and 2^18 (the measurements in its docstring).
 SCORES_PER_STEP = 1 << 20
+
+
+def token_bucket(n: int) -> int:
+    """Packed rows for `n` real tokens: `n` rounded up to a multiple of 64 up to 2,048, past
+    that to a thirty-second of the power of two at or above it (128 up to 4,096, 256 up to
+    8,192, ...): fewer than 64 pad rows up to 2,048 tokens, fewer than n / 16 past that
+    (about half of that on average); 32 buckets up to 2,048 and 16 a doubling past it."""
+    if n <= 2048:
+        return max(64, -(-n // 64) * 64)
+    step = (1 << (n - 1).bit_length()) // 32
+    return -(-n // step) * step
+
+
+def tokens_up_to(n: int) -> list[int]:
+    """Every `token_bucket` value up to `token_bucket(n)`."""
+    out = [64]
+    while out[-1] < token_bucket(n):
+        out.append(token_bucket(out[-1] + 1))
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,35 +86,52 @@ class Group:
 class Packing:
     """The real tokens of a padded [B, L] batch: `rows` [T] (int64) index the flattened
     B x L positions; `lengths` each sequence's real tokens; `full`: no padding at all (every
-    row is L long), so packing is a reshape."""
+    row is L long), so packing is a reshape; `buckets`: shapes rounded up (see the module):
+    `size` rows packed (`token_bucket(T)`, the last ones padding), groups padded likewise."""
 
     batch: int
     width: int
     rows: Any
     lengths: tuple[int, ...]
     full: bool
+    buckets: bool = False
 
     @classmethod
-    def of(cls, attention_mask: Any) -> Packing:
+    def of(cls, attention_mask: Any, buckets: bool = False) -> Packing:
         """From the padded batch's attention mask [B, L] (1: a real token, 0: padding)."""
         mask = attention_mask.bool()
         batch, width = (int(n) for n in mask.shape)
         rows = mask.reshape(-1).nonzero().squeeze(1)
         lengths = tuple(int(n) for n in mask.sum(dim=1).tolist())
-        return cls(batch, width, rows, lengths, int(rows.numel()) == batch * width)
+        full = int(rows.numel()) == batch * width and not buckets
+        return cls(batch, width, rows, lengths, full, buckets)
 
     @property
     def tokens(self) -> int:
-        """T: the real tokens (what the token-wise parts compute)."""
+        """T: the real tokens."""
         return int(self.rows.numel())
 
+    @cached_property
+    def size(self) -> int:
+        """The packed rows the token-wise parts compute: T, or its bucket."""
+        return token_bucket(self.tokens) if self.buckets else self.tokens
+
+    @cached_property
+    def _padded_rows(self) -> Any:
+        """`rows`, then row 0 for each pad row up to `size`."""
+        import torch
+
+        pad = self.size - self.tokens
+        return torch.cat([self.rows, self.rows.new_zeros(pad)]) if pad else self.rows
+
     def pack(self, padded: Any) -> Any:
-        """[B, L, ...] -> [T, ...]: the real tokens' rows, in order."""
+        """[B, L, ...] -> [size, ...]: the real tokens' rows, in order (then pad rows)."""
         flat = padded.reshape(self.batch * self.width, *padded.shape[2:])
-        return flat if self.full else flat.index_select(0, self.rows)
+        return flat if self.full else flat.index_select(0, self._padded_rows)
 
     def unpack(self, packed: Any) -> Any:
-        """[T, ...] -> [B, L, ...], zeros at padding."""
+        """[size, ...] -> [B, L, ...], zeros at padding."""
+        packed = packed[: self.tokens]
         if self.full:
             return packed.reshape(self.batch, self.width, *packed.shape[1:])
         out = packed.new_zeros(self.batch * self.width, *packed.shape[1:])
@@ -116,9 +163,10 @@ class Packing:
             if len(group) == 1:
                 out.append(Group(width, 1, starts[group[0]], starts[group[0] + 1]))
                 continue
-            gather = torch.zeros(len(group), width, dtype=torch.long)
-            scatter = torch.full((len(group), width), self.tokens, dtype=torch.long)
-            key_mask = torch.zeros(len(group), width, dtype=torch.bool)
+            count = len(group)
+            gather = torch.zeros(count, width, dtype=torch.long)
+            scatter = torch.full((count, width), self.tokens, dtype=torch.long)
+            key_mask = torch.zeros(count, width, dtype=torch.bool)
             for j, i in enumerate(group):
                 n = self.lengths[i]
                 gather[j, :n] = scatter[j, :n] = torch.arange(starts[i], starts[i] + n)
@@ -128,7 +176,7 @@ class Packing:
             out.append(
                 Group(
                     width,
-                    len(group),
+                    count,
                     gather=gather.reshape(-1),
                     scatter=scatter.reshape(-1),
                     key_mask=keys,
@@ -145,7 +193,8 @@ class Packing:
         `qkv`: the packed query, key and value projections side by side [T, 3 x heads x d];
         `bias`: an additive attention bias [1, heads, L, L] that depends on relative positions
         only (MPNet's), cut to each group's width, or None; `scale`: the factor on q.k
-        (1/sqrt(d) in these models). Returns the packed context [T, heads x d]. Scaled
+        (1/sqrt(d) in these models). Returns the packed context [size, heads x d] (zeros in
+        pad rows). Scaled
         dot-product attention as in Vaswani et al. 2017, "Attention is all you need": torch's
         fused kernel, except for groups of several sequences in bfloat16
         (`_bfloat16_attention`)."""
@@ -155,7 +204,11 @@ class Packing:
         hidden = int(qkv.shape[-1]) // 3
         d = hidden // heads
         alone = len(self.groups) == 1 and self.groups[0].gather is None  # every row, in order
-        out: Any = None if alone else qkv.new_empty(self.tokens + 1, hidden)  # row T: padding's
+        alone = alone and self.size == self.tokens
+        out: Any = None
+        if not alone:  # row T: where padding is written
+            out = qkv.new_empty(max(self.size, self.tokens + 1), hidden)
+            out[self.tokens :].zero_()
         for g in self.groups:
             manual = g.count > 1 and qkv.dtype == torch.bfloat16  # `_bfloat16_attention`
             if g.gather is None:  # [g, heads, width, d] views of the rows
@@ -184,7 +237,7 @@ class Packing:
                 out[g.first : g.last] = flat
             else:
                 out.index_copy_(0, g.scatter, flat)
-        return out[: self.tokens]
+        return out[: self.size]
 
 
 def _bfloat16_attention(x: Any, mask: Any | None, scale: float) -> Any:
@@ -192,15 +245,19 @@ def _bfloat16_attention(x: Any, mask: Any | None, scale: float) -> Any:
     (query, key, value; contiguous); `mask` None or an additive bias that broadcasts to
     [g, heads, width, width]. Returns [g, heads, width, d] bfloat16.
 
-    Two bfloat16 matrix products around a float32 softmax, `SCORES_PER_STEP` scores at a time.
-    For a group of several short sequences this runs 1.5-3x faster than torch's fused CPU
-    kernel in bfloat16 (`scaled_dot_product_attention`: 32 sequences of 42 tokens, 12 heads of
-    32, 0.8 ms against 2.4; 8 of 80, 0.5 against 1.0; 4 of 250, 2.1 against 3.2; AMD EPYC
-    Zen 5, 2 threads), with the same answers within bfloat16's precision. For a sequence
-    alone the fused kernel is as fast or faster, so it keeps those. The key mask comes as an
-    additive float32 one (0, or float32's lowest: the same softmax as filling those scores
-    in), made once a batch (`Group.key_bias`): a broadcast `masked_fill_` over the scores cost
-    about 4x the `add_`."""
+    Two float32 matrix products around a float32 softmax, `SCORES_PER_STEP` scores at a time,
+    on a float32 copy of the group's query, key and value. For a group of several short
+    sequences this runs 1.5-3x faster than torch's fused CPU kernel in bfloat16
+    (`scaled_dot_product_attention`), with the same answers within bfloat16's precision. The
+    products are float32 because bfloat16's (oneDNN's) compile a kernel for each new
+    [g x heads, width, d] shape: on arrival-order batches of 32 short inputs, 8 of a batch's
+    14 new kernels, 0.4-4 ms each (and about 0.4 MB each kept in the primitive cache), where
+    float32's products compile nothing and cost the same on these shapes (7.26 against 7.24
+    ms of CPU an input for the whole engine, alternated in one process; AMD EPYC Zen 5, 2
+    threads). For a sequence alone the fused kernel is as fast or faster, so it keeps those.
+    The key mask comes as an additive float32 one (0, or float32's lowest: the same softmax
+    as filling those scores in), made once a batch (`Group.key_bias`): a broadcast
+    `masked_fill_` over the scores cost about 4x the `add_`."""
     import torch
 
     _, count, heads, width, d = (int(n) for n in x.shape)
@@ -209,10 +266,10 @@ def _bfloat16_attention(x: Any, mask: Any | None, scale: float) -> Any:
     for start in range(0, count, step):
         part = slice(start, min(start + step, count))
         n = (part.stop - part.start) * heads
-        q, k, v = (x[i, part].view(n, width, d) for i in range(3))
-        scores = torch.bmm(q, k.transpose(1, 2)).float().mul_(scale)
+        q, k, v = (x[i, part].reshape(n, width, d).float() for i in range(3))
+        scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)
         if mask is not None:
             grouped = scores.view(-1, heads, width, width)
             grouped.add_(mask if mask.shape[0] == 1 else mask[part])
-        torch.bmm(scores.softmax(dim=-1).to(x.dtype), v, out=out[part].view(n, width, d))
+        out[part].view(n, width, d).copy_(torch.bmm(scores.softmax(dim=-1), v))
     return out

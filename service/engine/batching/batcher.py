@@ -23,6 +23,7 @@ from enum import StrEnum
 import structlog
 
 from service import load_failure, metrics
+from service.backends.packed import warm_kernels
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.forming import BatchFormer
 from service.engine.batching.queue import WorkQueue
@@ -37,6 +38,9 @@ GC_YOUNG_THRESHOLD = 20_000  # allocations between young collections (Python's d
 
 log = structlog.get_logger("service.batcher")
 
+# The largest batch, in real tokens, whose kernels are made before ready (MAX_BATCH_TOKENS
+# unset or larger): larger batches make theirs on first use, once each bucket.
+MAX_WARM_TOKENS = 4096
 _IDLE_WAKE_S = 0.5  # the thread wakes this often when idle, to beat its heartbeat
 
 
@@ -132,6 +136,7 @@ class Batcher:
             time.sleep(self.settings.model_load_delay_s)  # test-only: a slow load
         engine = self._engine_factory(self.settings)
         warm_up(engine)
+        self._warm_kernels(engine)
         cost = calibrate(engine)
         # Move the millions of objects torch and transformers made at import and load out of
         # the collector's reach: full collections then scan only what serving allocates,
@@ -156,6 +161,23 @@ class Batcher:
         if self.drain_deadline is None:
             metrics.READY.set(1)
         return engine
+
+    def _warm_kernels(self, engine: Engine) -> None:
+        """Make the packed forward's kernels for every batch shape bucket the settings allow
+        (`service.backends.packed.warm_kernels`), before `/readyz` says ready."""
+        backend = getattr(engine, "backend", None)
+        if backend is None:
+            return
+        started = time.monotonic()
+        limit = self.settings.max_batch_tokens or MAX_WARM_TOKENS
+        shapes = warm_kernels(
+            backend,
+            max_tokens=min(limit, MAX_WARM_TOKENS),
+            max_batch=self.settings.max_batch_size,
+            max_width=engine.info.max_input_tokens,
+        )
+        if shapes:
+            log.info("kernels_warmed", shapes=shapes, seconds=round(time.monotonic() - started, 2))
 
     def _step(self, engine: Engine) -> None:
         self.heartbeat = time.monotonic()

@@ -138,11 +138,13 @@ def preflight(settings: Settings) -> None:
 
 # Kernels cached per input shape. oneDNN (torch's bfloat16 matmuls on the CPU) and ideep,
 # torch's wrapper of it, each keep compiled kernels and their buffers per shape, 1,024 by
-# default; each new (batch, length) shape adds megabytes, so at that bound a server seeing
-# ever new shapes grows its RSS for as long as new ones come. 64 bounds it at no cost in speed
-# (docs/operations.md, Configuration). Read when the first kernel is made, so set before the
-# first forward; the environment's own values win.
-KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+# default; each new (batch, length) shape adds up to a megabyte, so at that bound a server
+# seeing ever new shapes grows its RSS for as long as new ones come. oneDNN's holds 512: the
+# packed forward's shape buckets make about 5 kernels each (64 buckets up to 8,192 tokens,
+# `service.backends.packing.token_bucket`) and must all stay; ideep's 64 (docs/operations.md,
+# Configuration). Read when the first kernel is made, so set before the first forward; the
+# environment's own values win.
+KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512", "LRU_CACHE_CAPACITY": "64"}
 
 
 def load_engine(settings: Settings) -> Engine:
