@@ -102,6 +102,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from loadtest.kernels import Creations
 
     counter = Creations()  # before torch loads: oneDNN prints to descriptor 1
+    import psutil  # type: ignore[import-untyped]  # no stubs unless types-psutil
+
     from loadtest.corpus import short_inputs
     from service.backends.packed import PackedTorchBackend, warm_kernels
     from service.backends.torch_backend import TorchBackend
@@ -123,6 +125,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     calibrate(engine)
     loaded_s = time.perf_counter() - started
     counter.take()
+    rss = psutil.Process().memory_info().rss
     started, cpu = time.perf_counter(), time.process_time()
     shapes = warm_kernels(
         engine.backend,
@@ -136,6 +139,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_s": round(time.process_time() - cpu, 2),
         "creations": counter.take(),
         "load_s": round(loaded_s, 2),
+        "rss_mb_before": round(rss / 1e6),
+        "rss_mb_after": round(psutil.Process().memory_info().rss / 1e6),
     }
     print(json.dumps({"warm": warm}), flush=True)
     backend = engine.backend

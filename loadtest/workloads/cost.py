@@ -21,19 +21,32 @@ beside it, and the p50 is judged after taking it off. Medians of the rounds. Goa
 answered input / the reference's <= 1.15 at 32 clients and <= 1.1 at 128; inputs/s >= 0.85 of
 the reference's; the loop <= 0.15 ms per request; one client's CPU <= 1.5x the call's, and its
 p50 less the client's floor within 2 ms of the call's.
+
+Last, the kernels (`kernels`): the default server again with oneDNN's creation lines on
+(``ONEDNN_VERBOSE=profile_create``, its stdout line-buffered), warmed by the same wrk for 5 s,
+then 32 clients for a point's seconds: oneDNN kernels made per batch in steady state (its
+log's creation lines over its ``batch`` lines in that window; goal 0). And in process
+(``loadtest.experiments.kernels``, 1,024 inputs): the CPU of an arrival-order batch of 32 run
+for the first time against the same batch run again at once (goal: within 5%), with exact
+shapes beside it, and transformers' padded forward on length-sorted batches.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # no stubs unless types-psutil
 
-from loadtest import client, corpus, proc, servers, wrk
+from loadtest import client, corpus, kernels, proc, servers, wrk
 from loadtest import limit as limit_mod
 from loadtest.workloads import common
 
@@ -47,6 +60,10 @@ ONE_RATE = 10.0
 # The one-client input: 14 tokens with the embedded model's special tokens.
 ONE_TEXT = "The quick brown fox jumps over the lazy dog near the river."
 REFERENCE_BATCH = 32
+FIRST_RUN_GOAL = 1.05  # a batch's CPU the first time it is seen over the same batch again
+# glibc's stdbuf helper: preloaded, it makes the server's C stdout (oneDNN's lines)
+# line-buffered, so they reach the log as they happen.
+STDBUF = Path("/usr/libexec/coreutils/libstdbuf.so")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +86,12 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--cost-rounds", type=int, help="rounds per case (default 3, quick 1)")
     p.add_argument("--cost-seconds", type=float, help="seconds per point (default 8, quick 4)")
     p.add_argument("--cost-one-seconds", type=float, help="one client (default 20, quick 8)")
+    p.add_argument(
+        "--cost-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count kernel creations per batch, in the server and in process",
+    )
 
 
 def finish_arguments(args: argparse.Namespace, results: Path) -> None:
@@ -170,7 +193,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out["cases"][name] = run_case(CASES[name], texts, onnx, args)
         finally:
             onnx.close()
+    if args.cost_kernels:
+        print(f"{NAME}: kernels", flush=True)
+        out["kernels"] = kernels_point(args, [common.json_body(t) for t in texts])
     out["summary"] = summarize(out["cases"])
+    return out
+
+
+def kernels_point(args: argparse.Namespace, bodies: list[bytes]) -> dict[str, Any]:
+    """Kernels made per batch by the default server in steady state (after 5 s of load), and
+    in process the first run of each batch against the same batch again."""
+    out: dict[str, Any] = {}
+    env = common.server_env(args, **kernels.ENV)
+    if STDBUF.exists():
+        env.update({"LD_PRELOAD": str(STDBUF), "_STDBUF_O": "L"})
+        path = args.results / f"{NAME}-kernels.log"
+        with servers.pipeline_server(env, path) as srv:
+            wrk.run(srv.base + "/", bodies, 32, 5)
+            time.sleep(0.5)  # the last batch's lines written
+            made_before, offset = kernels.count_in_log(path)
+            wrk.run(srv.base + "/", bodies, 32, args.cost_seconds)
+            time.sleep(0.5)
+            made, _ = kernels.count_in_log(path, offset)
+            tail = path.read_bytes()[offset:].decode(errors="replace")
+            batches = sum(1 for line in tail.splitlines() if '"event":"batch"' in line)
+        out["server"] = {
+            "made_before_load": made_before,
+            "made": made,
+            "batches": batches,
+            "per_batch": made / max(1, batches),
+        }
+        print(
+            f"  server: {made} kernels made in {batches} batches at 32 clients after warm-up "
+            f"({out['server']['per_batch']:.2f} a batch; {made_before} at start and warm-up)",
+            flush=True,
+        )
+    else:
+        out["server"] = {"skipped": f"{STDBUF} not found"}
+    target = args.results / f"{NAME}-kernels-in-process.json"
+    full = {**os.environ, **common.server_env(args), "PYTHONPATH": str(servers.REPO_ROOT)}
+    command = [sys.executable, "-m", "loadtest.experiments.kernels", "--n", "1024"]
+    log = args.results / f"{NAME}-kernels-in-process.log"
+    with log.open("wb") as sink:
+        subprocess.run(
+            [*command, "--json", str(target)], env=full, stdout=sink, stderr=sink, check=True
+        )
+    out["in_process"] = json.loads(target.read_text())
+    for row in out["in_process"]["ways"]:
+        print(f"  in process: {row}", flush=True)
     return out
 
 
@@ -335,8 +405,47 @@ def table(result: dict[str, Any]) -> str:
                 f"{p['tree_cpu_ms_per_request']:.2f} | {p['reference_cpu_ms_per_call']:.2f} | "
                 f"{p['cpu_ratio']:.2f} |"
             )
+    lines += kernel_lines(result.get("kernels"))
     lines += ["", *summary_lines(result["summary"])]
     return "\n".join(lines)
+
+
+def kernel_lines(got: dict[str, Any] | None) -> list[str]:
+    """The kernels part of the table: made per batch in the server, first run against again."""
+    if not got:
+        return []
+    server = got.get("server", {})
+    lines = ["", "Kernels (oneDNN primitives made; the default server, 32 clients, after 5 s):", ""]
+    if "skipped" in server:
+        lines.append(f"- server: skipped ({server['skipped']})")
+    else:
+        lines.append(
+            f"- server: {server['made']} made in {server['batches']} batches: "
+            f"**{server['per_batch']:.2f} a batch** (goal 0)"
+        )
+    proc_result = got.get("in_process", {})
+    lines += [
+        "",
+        f"In process, arrival-order batches of 32 ({proc_result.get('inputs')} short inputs), "
+        f"side by side; warm-up {proc_result.get('warm')}; buckets {proc_result.get('buckets')}:",
+        "",
+        "| way | CPU ms/input | made/batch | again at once | made | first / again |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in proc_result.get("ways", []):
+        ratio = r.get("first_over_second")
+        judged = (
+            "-"
+            if ratio is None
+            else f"{ratio:.3f} ({'meets' if ratio <= FIRST_RUN_GOAL else 'misses'} "
+            f"<= {FIRST_RUN_GOAL:g})"
+        )
+        lines.append(
+            f"| {r['way']} | {r['cpu_ms_per_input']} | {r['creations_per_batch']} | "
+            f"{r.get('second_cpu_ms_per_input', '-')} | "
+            f"{r.get('second_creations_per_batch', '-')} | {judged} |"
+        )
+    return lines
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
