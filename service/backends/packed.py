@@ -238,7 +238,7 @@ class PackedTorchBackend(TorchBackend):
         self.packed = PackedForward(model)
         self._packed: Callable[[Mapping[str, Any]], Any] = self.packed
 
-    def forward(self, inputs: Mapping[str, Any]) -> Any:
+    def forward_all_threads(self, inputs: Mapping[str, Any]) -> Any:
         import torch
 
         with torch.inference_mode():

@@ -14,12 +14,25 @@ class TorchBackend:
     compute = "padded"  # every batch padded to its longest input (`service.backends.packed`)
     padded_because: str | None = None  # why it is not packed, for /info
 
+    # batches of at most this many padded tokens run on one intra-op thread (set at start by
+    # `service.backends.threads.fit_one_thread`; 0: every batch on all of them)
+    one_thread_up_to = 0
+
     def __init__(self, model: Any, device: Any) -> None:
         self.model = model
         self.device = device
         self.dtype = str(model.dtype).removeprefix("torch.")
 
     def forward(self, inputs: Mapping[str, Any]) -> Any:
+        if int(inputs["input_ids"].numel()) > self.one_thread_up_to:
+            return self.forward_all_threads(inputs)
+        from service.backends.threads import threads_set
+
+        with threads_set(1):  # wakes no other thread (`service.backends.threads`)
+            return self.forward_all_threads(inputs)
+
+    def forward_all_threads(self, inputs: Mapping[str, Any]) -> Any:
+        """`forward` on torch's threads as set."""
         import torch
 
         with torch.inference_mode():

@@ -24,12 +24,14 @@ import structlog
 
 from service import load_failure, metrics
 from service.backends.packed import warm_kernels
+from service.backends.threads import fit_one_thread, threads_set
+from service.backends.torch_backend import TorchBackend
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.batching.forming import BatchFormer
 from service.engine.batching.queue import WorkQueue
 from service.engine.batching.running import BatchRunner
 from service.engine.loading.load import load_engine
-from service.engine.loading.warmup import calibrate, warm_up
+from service.engine.loading.warmup import calibrate, sample_unit, warm_up
 from service.engine.types import Engine, ModelInfo
 from service.errors import Draining, InferenceFailed
 from service.settings import Settings
@@ -42,6 +44,35 @@ log = structlog.get_logger("service.batcher")
 # unset or larger): larger batches make theirs on first use, once each bucket.
 MAX_WARM_TOKENS = 4096
 _IDLE_WAKE_S = 0.5  # the thread wakes this often when idle, to beat its heartbeat
+
+
+# Small batches timed at start on one intra-op thread against all (`fit_small_batch_threads`):
+# (inputs, words) each, smallest first.
+SMALL_BATCHES = ((1, 12), (1, 28), (1, 60), (2, 60), (4, 60), (8, 60))
+
+
+def fit_small_batch_threads(engine: Engine, max_batch: int) -> None:
+    """For each torch backend serving the engine (itself, or either half of a routed one),
+    the largest of `SMALL_BATCHES` that runs on one intra-op thread
+    (`service.backends.threads.fit_one_thread`); one log line, `small_batch_threads`."""
+    backend = getattr(engine, "backend", None)
+    padded = getattr(engine, "padded", None)
+    if backend is None or padded is None:
+        return
+    batches = []
+    for size, words in SMALL_BATCHES:
+        words = min(words, engine.info.max_input_tokens - 4)
+        unit = sample_unit(engine.info, "word " * max(1, words))
+        batches.append(padded([engine.prepare(unit)] * size))
+    for part in (backend, getattr(backend, "small", None), getattr(backend, "large", None)):
+        if isinstance(part, TorchBackend) and str(part.device) == "cpu":
+            fitted = fit_one_thread(part, batches)
+            if part.one_thread_up_to:  # one thread's own kernels for the buckets it serves
+                with threads_set(1):
+                    fitted["shapes_warmed"] = warm_kernels(
+                        part, part.one_thread_up_to, max_batch, engine.info.max_input_tokens
+                    )
+            log.info("small_batch_threads", dtype=part.dtype, **fitted)
 
 
 class State(StrEnum):
@@ -137,6 +168,7 @@ class Batcher:
         engine = self._engine_factory(self.settings)
         warm_up(engine)
         self._warm_kernels(engine)
+        fit_small_batch_threads(engine, self.settings.max_batch_size)
         cost = calibrate(engine)
         # Move the millions of objects torch and transformers made at import and load out of
         # the collector's reach: full collections then scan only what serving allocates,

@@ -1,0 +1,112 @@
+"""Small torch batches on one intra-op thread (`service.backends.threads`): the choice from
+start-up timings (a fake clock), and the forward that follows it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from service.backends import threads
+from service.backends.torch_backend import TorchBackend
+
+
+class Clock:
+    """A fake `time`: wall and CPU seconds advance only when a fake forward says."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def process_time(self) -> float:
+        return self.cpu
+
+
+class Fake(TorchBackend):
+    """A backend whose forward costs, per padded token, what `costs` says for the thread
+    count it runs on: (wall seconds, CPU seconds)."""
+
+    def __init__(self, clock: Clock, costs: dict[int, tuple[float, float]]) -> None:
+        self.clock, self.costs = clock, costs
+        self.ran_on: list[tuple[int, int]] = []  # (padded tokens, threads)
+        self.one_thread_up_to = 0
+
+    def forward_all_threads(self, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        n = int(inputs["input_ids"].numel())
+        wall, cpu = self.costs[torch.get_num_threads()]
+        self.clock.wall += wall * n
+        self.clock.cpu += cpu * n
+        self.ran_on.append((n, torch.get_num_threads()))
+        return None
+
+
+def batch(size: int, length: int) -> dict[str, Any]:
+    import torch
+
+    return {"input_ids": torch.zeros(size, length, dtype=torch.long)}
+
+
+@pytest.fixture
+def two_threads() -> Any:
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_one_thread_serves_the_batches_it_runs_cheaper_and_about_as_fast(
+    monkeypatch: pytest.MonkeyPatch, two_threads: None
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(threads, "time", clock)
+    # one thread: 40 us a token of wall and CPU; two: 25 us of wall, 50 of CPU. One thread
+    # is 15 us a token slower: within 1 ms up to 66 tokens.
+    backend = Fake(clock, {1: (40e-6, 40e-6), 2: (25e-6, 50e-6)})
+    batches = [batch(1, 16), batch(1, 32), batch(1, 64), batch(2, 64), batch(4, 64)]
+    got = threads.fit_one_thread(backend, batches)
+    assert backend.one_thread_up_to == 64
+    assert got["one_thread_up_to"] == 64 and len(got["batches"]) == 4  # stops at the first miss
+    import torch
+
+    assert torch.get_num_threads() == 2  # as it was
+
+    backend.ran_on.clear()
+    for inputs in (batch(1, 60), batch(1, 64), batch(2, 33), batch(8, 64)):
+        backend.forward(inputs)
+    assert backend.ran_on == [(60, 1), (64, 1), (66, 2), (512, 2)]
+    assert torch.get_num_threads() == 2
+
+
+def test_one_thread_that_costs_more_cpu_serves_nothing(
+    monkeypatch: pytest.MonkeyPatch, two_threads: None
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(threads, "time", clock)
+    backend = Fake(clock, {1: (40e-6, 40e-6), 2: (20e-6, 39e-6)})
+    threads.fit_one_thread(backend, [batch(1, 16), batch(1, 32)])
+    assert backend.one_thread_up_to == 0
+    backend.ran_on.clear()
+    backend.forward(batch(1, 8))
+    assert backend.ran_on == [(8, 2)]
+
+
+def test_one_thread_alone_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        clock = Clock()
+        monkeypatch.setattr(threads, "time", clock)
+        backend = Fake(clock, {1: (40e-6, 40e-6)})
+        assert threads.fit_one_thread(backend, [batch(1, 16)]) == {"threads": 1}
+        assert backend.one_thread_up_to == 0 and backend.ran_on == []
+    finally:
+        torch.set_num_threads(saved)
