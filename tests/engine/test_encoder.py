@@ -137,13 +137,17 @@ def test_a_text_the_tokenizer_rejects_fails_alone(
 def test_loading_caps_the_kernel_caches_unless_the_environment_sets_them(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """oneDNN's and ideep's per-shape kernel caches are capped at 64 (`KERNEL_CACHES`: the
-    RSS bound under ever new batch shapes); an operator's own value is kept."""
+    """oneDNN's per-shape kernel cache is capped at 512 and ideep's at 64 (`KERNEL_CACHES`:
+    the RSS bound under ever new batch shapes); oneDNN's holds every packed shape bucket's
+    kernels (5 a bucket, 64 buckets up to 8,192 tokens) and a classifier head's for each batch
+    size up to 64; an operator's own value is kept."""
+    from service.backends.packing import tokens_up_to
     from service.engine.loading.load import KERNEL_CACHES
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
     load_engine(Settings(model_id=str(tiny_models["text-classification"])))
-    assert KERNEL_CACHES == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    assert KERNEL_CACHES == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512", "LRU_CACHE_CAPACITY": "64"}
+    assert 5 * len(tokens_up_to(8192)) + 64 <= 512
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
     assert os.environ["LRU_CACHE_CAPACITY"] == "512"
