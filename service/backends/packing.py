@@ -86,8 +86,8 @@ class Group:
 class Packing:
     """The real tokens of a padded [B, L] batch: `rows` [T] (int64) index the flattened
     B x L positions; `lengths` each sequence's real tokens; `full`: no padding at all (every
-    row is L long), so packing is a reshape; `buckets`: shapes rounded up (see the module):
-    `size` rows packed (`token_bucket(T)`, the last ones padding), groups padded likewise."""
+    row is L long, and no buckets), so packing is a reshape; `buckets`: `size` rows packed,
+    `token_bucket(T)`, the last ones padding (see the module)."""
 
     batch: int
     width: int
@@ -163,10 +163,9 @@ class Packing:
             if len(group) == 1:
                 out.append(Group(width, 1, starts[group[0]], starts[group[0] + 1]))
                 continue
-            count = len(group)
-            gather = torch.zeros(count, width, dtype=torch.long)
-            scatter = torch.full((count, width), self.tokens, dtype=torch.long)
-            key_mask = torch.zeros(count, width, dtype=torch.bool)
+            gather = torch.zeros(len(group), width, dtype=torch.long)
+            scatter = torch.full((len(group), width), self.tokens, dtype=torch.long)
+            key_mask = torch.zeros(len(group), width, dtype=torch.bool)
             for j, i in enumerate(group):
                 n = self.lengths[i]
                 gather[j, :n] = scatter[j, :n] = torch.arange(starts[i], starts[i] + n)
@@ -176,7 +175,7 @@ class Packing:
             out.append(
                 Group(
                     width,
-                    count,
+                    len(group),
                     gather=gather.reshape(-1),
                     scatter=scatter.reshape(-1),
                     key_mask=keys,
@@ -194,9 +193,8 @@ class Packing:
         `bias`: an additive attention bias [1, heads, L, L] that depends on relative positions
         only (MPNet's), cut to each group's width, or None; `scale`: the factor on q.k
         (1/sqrt(d) in these models). Returns the packed context [size, heads x d] (zeros in
-        pad rows). Scaled
-        dot-product attention as in Vaswani et al. 2017, "Attention is all you need": torch's
-        fused kernel, except for groups of several sequences in bfloat16
+        pad rows). Scaled dot-product attention as in Vaswani et al. 2017, "Attention is all
+        you need": torch's fused kernel, except for groups of several sequences in bfloat16
         (`_bfloat16_attention`)."""
         import torch
         import torch.nn.functional as F
