@@ -110,8 +110,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from service.engine.batching.batcher import MAX_WARM_TOKENS
     from service.engine.forward.encoder import EncoderEngine
     from service.engine.jobs import Op, Unit
-    from service.engine.loading import load_engine
-    from service.engine.warmup import calibrate, warm_up
+    from service.engine.loading.load import load_engine
+    from service.engine.loading.warmup import calibrate, warm_up
     from service.settings import Settings
 
     settings = Settings(

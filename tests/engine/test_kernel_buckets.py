@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from test_packed import CASES, random_batch, tiny
 
-from service.backends.candidates import native_bf16
 from service.backends.packed import PackedForward
 from service.backends.packing import Packing, token_bucket, tokens_up_to
+from service.engine.loading.choice.candidates import native_bf16
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """Pooling token rows into sentence vectors, as sentence-transformers' Pooling and Normalize do.
 
 `pool` and `finish` import torch and run in the inference thread; the modes come from the folder's
-config (`service.engine.st_config`).
+config (`service.engine.loading.st_config`).
 """
 
 from __future__ import annotations
