@@ -1,5 +1,5 @@
 """Direct routes: the model routes' POSTs reach their handler without the router, and answer
-exactly what the router's way answers; everything else still goes through the router."""
+what the router's way answers (floats within 1e-6); everything else still goes through the router."""
 
 from __future__ import annotations
 
@@ -90,6 +90,19 @@ def _without_ids(answer: Any) -> Any:
     return answer
 
 
+def _near(answer: Any) -> Any:
+    """`answer` with each float matched within 1e-6: two engines in one process each choose
+    their small batches' thread count by their own start-up timings, and a sum over other
+    threads rounds its last bits otherwise."""
+    if isinstance(answer, float):
+        return pytest.approx(answer, rel=0, abs=1e-6)
+    if isinstance(answer, list):
+        return [_near(v) for v in answer]
+    if isinstance(answer, dict):
+        return {k: _near(v) for k, v in answer.items()}
+    return answer
+
+
 def test_the_direct_way_answers_what_the_router_answers(
     embedded_client: TestClient, embedded_model: Path
 ) -> None:
@@ -111,7 +124,7 @@ def test_the_direct_way_answers_what_the_router_answers(
         for path, body in asks:
             direct, through = embedded_client.post(path, json=body), routed.post(path, json=body)
             assert direct.status_code == through.status_code, (path, direct.text, through.text)
-            assert _without_ids(direct.json()) == _without_ids(through.json()), path
+            assert _without_ids(through.json()) == _near(_without_ids(direct.json())), path
             assert {k: v for k, v in direct.headers.items() if k not in skip} == {
                 k: v for k, v in through.headers.items() if k not in skip
             }, path
