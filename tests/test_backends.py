@@ -18,7 +18,7 @@ import pytest
 from helpers import captured_logs
 
 from service.backends import export, int8
-from service.engine.jobs import Op, Unit
+from service.engine.jobs import PARAMS, Op, Unit
 from service.engine.loading.choice import candidates
 from service.engine.loading.choice.backend_choice import calibration_batches
 from service.engine.loading.choice.candidates import native_bf16
@@ -50,7 +50,7 @@ def engine(model: Path | None, backend: str, dtype: str, **settings: Any) -> Eng
 
 
 def answers(e: Engine, op: Op, texts: list[str] = TEXTS, **params: Any) -> list[Any]:
-    return e.run([e.prepare(Unit(op=op, text=t, params=params)) for t in texts])
+    return e.run([e.prepare(Unit(op=op, text=t, params=PARAMS[op](**params))) for t in texts])
 
 
 def cosines(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
@@ -215,7 +215,7 @@ def test_pipeline_tasks_say_they_run_on_torch(tiny_models: dict[str, Path], task
     assert "run on torch" in e.info.summary()["backend"]["note"]
     assert any(x["event"] == "backend_fallback" for x in logs)
     text = "paris is the [MASK] of france" if task == "fill-mask" else "paris is in france"
-    unit = Unit(op=Op.PIPELINE, text=text, params={})
+    unit = Unit(op=Op.PIPELINE, text=text)
     reference = engine(tiny_models[task], "torch", "float32")
     assert e.run([e.prepare(unit)]) == reference.run([reference.prepare(unit)])
 

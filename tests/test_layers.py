@@ -211,6 +211,7 @@ ENGINE_ROOMS = [
     "pooling",
     "types",
     "jobs",
+    "params",
     "folders",
 ]
 ENGINE_RANK = {name: len(ENGINE_ROOMS) - i for i, name in enumerate(ENGINE_ROOMS)}

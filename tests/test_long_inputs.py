@@ -28,6 +28,7 @@ from service.engine.batching.running import BatchRunner
 from service.engine.forward import windows
 from service.engine.jobs import Op, Unit
 from service.engine.loading.load import load_engine
+from service.engine.params import EmbedParams
 from service.engine.types import Engine, Prepared
 from service.errors import DeadlineExceeded, InferenceFailed
 from service.settings import Settings, load_settings
@@ -105,11 +106,11 @@ def test_template_and_split_on_minilm(embedded_model: Path) -> None:
 
 def test_merge_weights_windows_by_length_then_normalizes() -> None:
     a, b = np.array([1.0, 0.0], np.float32), np.array([0.0, 1.0], np.float32)
-    merged = windows.merge([a, b], weights=[3, 1], params={"normalize": False})
+    merged = windows.merge([a, b], weights=[3, 1], params=EmbedParams(normalize=False))
     assert merged == pytest.approx([0.75, 0.25])
-    unit = windows.merge([a, b], weights=[3, 1], params={"normalize": True, "count_tokens": True})
+    unit = windows.merge([a, b], weights=[3, 1], params=EmbedParams(count_tokens=True))
     assert unit.tokens == 4 and unit.answer == pytest.approx(np.array([3, 1]) / np.sqrt(10))
-    cut = windows.merge([a, b], weights=[1, 1], params={"normalize": True, "dimensions": 1})
+    cut = windows.merge([a, b], weights=[1, 1], params=EmbedParams(dimensions=1))
     assert cut == pytest.approx([1.0])
 
 
@@ -124,7 +125,7 @@ def small_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 
 def chunked_item(text: str, deadline_s: float = 30) -> Item:
-    params = {"truncate": False, "chunk": True, "normalize": True, "direction": "right"}
+    params = EmbedParams(chunk=True)
     return Item(
         unit=Unit(op=Op.EMBED, text=text, params=params), deadline=time.monotonic() + deadline_s
     )
@@ -161,7 +162,7 @@ def test_windows_are_inputs_of_their_own(small_engine: Engine) -> None:
 
 def _plain(p: Prepared) -> Prepared:
     return Prepared(
-        unit=Unit(op=Op.EMBED, text="", params={"normalize": False}),
+        unit=Unit(op=Op.EMBED, text="", params=EmbedParams(normalize=False)),
         n_tokens=p.n_tokens,
         payload=p.payload,
     )
@@ -192,7 +193,7 @@ def test_a_failing_window_fails_its_input_only(small_engine: Engine) -> None:
             return small_engine.prepare(unit)
 
         def run(self, batch: list[Prepared]) -> list[Any]:
-            if any(p.unit.params.get("chunk") is None and p.n_tokens == 16 for p in batch):
+            if any(not p.unit.params.chunk and p.n_tokens == 16 for p in batch):  # a window
                 raise RuntimeError("boom")
             return small_engine.run(batch)
 

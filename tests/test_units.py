@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from service.engine.batching.cost import ServiceTimeEstimate
-from service.engine.jobs import Job, Op, params_key
+from service.engine.jobs import Job, Op
 from service.engine.loading.cpu_threads import cpu_quota, default_torch_threads, set_openmp_wait
+from service.engine.params import PipelineParams
 from service.engine.types import ModelInfo, Output
 from service.errors import (
     BadRequest,
@@ -131,7 +132,7 @@ def test_a_json_request_sent_as_text_is_read_as_json(ctype: str | None) -> None:
     """`curl -d '{"inputs": ...}'` sends a form type: an object with `inputs` is the request;
     other text, JSON-looking or not, stays the one raw input."""
     job = _parse(b'  {"inputs": ["b [MASK]"], "parameters": {"top_k": 2}}', ctype)
-    assert [(u.text, u.params) for u in job.units] == [("b [MASK]", {"top_k": 2})]
+    assert [(u.text, u.params.arguments) for u in job.units] == [("b [MASK]", (("top_k", 2),))]
     for text in ('{"text": "a [MASK]"}', '["a [MASK]"]', '{"inputs": "a [MASK]"', "{a [MASK]}"):
         assert [u.text for u in _parse(text.encode(), ctype).units] == [text]
 
@@ -141,7 +142,7 @@ def test_json_list_keeps_order_and_parameters() -> None:
         b'{"inputs": ["b [MASK]", "a [MASK]"], "parameters": {"top_k": 2}}', "application/json"
     )
     assert [u.text for u in job.units] == ["b [MASK]", "a [MASK]"]
-    assert all(u.params == {"top_k": 2} for u in job.units)
+    assert all(u.params.arguments == (("top_k", 2),) for u in job.units)
     assert job.finish(["x", "y"]) == ["x", "y"]
 
 
@@ -182,7 +183,7 @@ def test_options_are_accepted_and_ignored() -> None:
 # -- parameters ----------------------------------------------------------------------------
 def test_parameters_allow_list_per_task() -> None:
     job = _parse(b'{"inputs": "x [MASK]", "parameters": {"top_k": 3, "targets": ["a"]}}', JSON)
-    assert job.units[0].params == {"top_k": 3, "targets": ["a"]}
+    assert job.units[0].params == PipelineParams.of({"top_k": 3, "targets": ["a"]}, truncate=False)
     with pytest.raises(InvalidInput, match=r"batch_size.*accepted: targets, top_k, truncation"):
         _parse(b'{"inputs": "x [MASK]", "parameters": {"batch_size": 8}}', JSON)
     with pytest.raises(InvalidInput, match=r"parameters\.aggregation_strategy"):
@@ -193,11 +194,12 @@ def test_parameters_allow_list_per_task() -> None:
         _parse(body, JSON, task="text-classification")
 
 
-def test_params_key_groups_equal_parameter_sets() -> None:
-    a = params_key({"top_k": 3, "targets": ["x", "y"]})
-    assert a == params_key({"targets": ["x", "y"], "top_k": 3})
-    assert a != params_key({"top_k": 3})
-    hash(a)
+def test_pipeline_params_group_equal_argument_sets() -> None:
+    a = PipelineParams.of({"top_k": 3, "targets": ["x", "y"]}, truncate=False)
+    assert a == PipelineParams.of({"targets": ["x", "y"], "top_k": 3}, truncate=False)
+    assert a != PipelineParams.of({"top_k": 3}, truncate=False)
+    assert a != PipelineParams.of({"top_k": 3, "targets": ["x", "y"]}, truncate=True)
+    assert hash(a) == hash(PipelineParams.of({"targets": ["x", "y"], "top_k": 3}, truncate=False))
 
 
 # -- CPU quota -----------------------------------------------------------------------------

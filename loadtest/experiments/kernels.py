@@ -112,6 +112,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from service.engine.jobs import Op, Unit
     from service.engine.loading.load import load_engine
     from service.engine.loading.warmup import calibrate, warm_up
+    from service.engine.params import EmbedParams
     from service.settings import Settings
 
     settings = Settings(
@@ -160,7 +161,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         Way("padded, transformers, length-sorted", with_backend(TorchBackend(packed.model, "cpu"))),
     ]
     texts = [str(t) for t in short_inputs(args.n)]
-    units = [Unit(op=Op.EMBED, text=t, params={"truncate": True}) for t in texts]
+    units = [Unit(op=Op.EMBED, text=t, params=EmbedParams(truncate=True)) for t in texts]
     lengths = [p.n_tokens for p in engine.prepare_many(units)]
     arrival = [units[i : i + SIZE] for i in range(0, len(units), SIZE)]
     order = sorted(range(len(units)), key=lambda i: lengths[i])

@@ -42,7 +42,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 BACKENDS = (("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32"))
 SIZE = 32
 UNDER_LOAD = 128  # inputs waiting: 128 closed-loop clients
-TRUNCATE = {"truncate": True}  # the mixed corpus's longest inputs pass the model's limit
 
 
 def batches(lengths: Sequence[int], size: int, sort: bool) -> list[list[int]]:
@@ -115,11 +114,11 @@ class Timed:
 
     def __init__(self, engine: Any, texts: list[str], groups: list[list[int]]) -> None:
         from service.engine.jobs import Op, Unit
+        from service.engine.params import EmbedParams
 
         self.engine = engine
-        self.batches = [
-            [Unit(op=Op.EMBED, text=texts[i], params=TRUNCATE) for i in g] for g in groups
-        ]
+        cut = EmbedParams(truncate=True)  # the mixed corpus's longest inputs pass the limit
+        self.batches = [[Unit(op=Op.EMBED, text=texts[i], params=cut) for i in g] for g in groups]
         self.next, self.inputs, self.seconds, self.cpu_s = 0, 0, 0.0, 0.0
         self.engine.run(self.engine.prepare_many(self.batches[0]))  # untimed: first shapes
 
@@ -188,8 +187,9 @@ def measure(
 
 def _units(texts: list[str]) -> list[Any]:
     from service.engine.jobs import Op, Unit
+    from service.engine.params import EmbedParams
 
-    return [Unit(op=Op.EMBED, text=t, params=TRUNCATE) for t in texts]
+    return [Unit(op=Op.EMBED, text=t, params=EmbedParams(truncate=True)) for t in texts]
 
 
 ORDERS = {"arrival": "arrival order", "formed": "formed under load", "sorted": "length-sorted"}

@@ -39,6 +39,7 @@ def soak(backend: str, dtype: str, minutes: float, interval_s: float, threads: i
     from loadtest.corpus import mixed_inputs
     from service.engine.jobs import Op, Unit
     from service.engine.loading.load import load_engine
+    from service.engine.params import EmbedParams
     from service.settings import Settings
 
     settings = Settings(backend=backend, dtype=dtype, torch_num_threads=threads)  # type: ignore[arg-type]
@@ -46,7 +47,7 @@ def soak(backend: str, dtype: str, minutes: float, interval_s: float, threads: i
     texts = mixed_inputs(2000, seed=1)
     rng = random.Random(0)
     me = psutil.Process()
-    CUT = {"truncate": True}
+    CUT = EmbedParams(truncate=True)
 
     def one_batch() -> None:
         batch = rng.sample(texts, rng.randint(1, settings.max_batch_size))

@@ -20,21 +20,30 @@ Ops and the answer each unit gets (`service.engine.forward.encoder` /
 | `sparse` | text (or ids) | `pooling.sparse.SparseVector`: a SPLADE model's non-zero weights |
 | `multi_vector` | text | float32 [tokens, D]: a multi-vector model's kept token vectors |
 
-A unit whose params set `count_tokens` gets its answer as `Counted(answer, tokens)`: the tokens
-its input took (after truncation, prompt and special tokens included), for usage counts; the
-event loop never tokenizes. An `embed` unit whose params set `ranges` gets `Ranged(vector,
-ranges)`: its vector and the int8/uint8 quantization ranges of its width and normalization
-(`service.engine.loading.quantization`), so the event loop never computes them.
+A unit's `params` are its options, one frozen type per kind of work
+(`service.engine.params`). A unit whose params set `count_tokens` gets its answer as
+`Counted(answer, tokens)`: the tokens its input took (after truncation, prompt and special
+tokens included), for usage counts; the event loop never tokenizes. An `embed` unit whose
+params set `ranges` gets `Ranged(vector, ranges)`: its vector and the int8/uint8
+quantization ranges of its width and normalization (`service.engine.loading.quantization`),
+so the event loop never computes them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-Hashable = tuple[tuple[str, Any], ...]
+from service.engine.params import (
+    EmbedParams,
+    MultiVectorParams,
+    PairParams,
+    PipelineParams,
+    TextParams,
+    TokenParams,
+)
 
 
 class Op(StrEnum):
@@ -52,20 +61,38 @@ class Op(StrEnum):
 #: Ops answered in the inference thread without a forward pass (they never enter a batch).
 NO_FORWARD = frozenset({Op.TOKENIZE, Op.DECODE})
 
+#: The options type each op reads.
+PARAMS: dict[Op, type[TextParams]] = {
+    Op.EMBED: EmbedParams,
+    Op.ROWS: EmbedParams,
+    Op.SPARSE: EmbedParams,
+    Op.LOGITS: PairParams,
+    Op.CLASSIFY: PairParams,
+    Op.PIPELINE: PipelineParams,
+    Op.TOKENIZE: TokenParams,
+    Op.DECODE: TokenParams,
+    Op.MULTI_VECTOR: MultiVectorParams,
+}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Unit:
     """One model input. Exactly one of `text` and `ids` is set; `pair` only with `text`.
-
-    `params` are the op's options, validated by the adapter (see each engine's docstring for
-    the keys it reads): e.g. `truncate`, `direction`, `prompt`, `normalize`, `dimensions`.
-    """
+    `params` are its options, of the type its op reads (`PARAMS`; its defaults where None).
+    Raises TypeError for options of another type."""
 
     op: Op
     text: str | None = None
     pair: str | None = None
     ids: tuple[int, ...] | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: TextParams = None  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        kind = PARAMS[self.op]
+        if self.params is None:
+            object.__setattr__(self, "params", kind())
+        elif not isinstance(self.params, kind):
+            raise TypeError(f"{self.op} reads {kind.__name__}, not {type(self.params).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +133,3 @@ class Job:
     def inputs(self) -> int:
         """Units count against MAX_QUEUE_SIZE and in the logs' and metrics' `inputs`."""
         return len(self.units)
-
-
-def params_key(params: dict[str, Any]) -> Hashable:
-    """A hashable key for a validated parameter set (the pipeline engine caches by it)."""
-
-    def freeze(v: Any) -> Any:
-        return tuple(v) if isinstance(v, list) else v
-
-    return tuple(sorted((k, freeze(v)) for k, v in params.items()))

@@ -17,9 +17,9 @@ A new request option is one field here, one line where its request is parsed, an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-Direction = Literal["right", "left"]
+Side = Literal["right", "left"]  # which end of a text truncation cuts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,7 +32,7 @@ class TextParams:
     # averaged (`service.engine.forward.windows`) instead of refused (LONG_INPUTS=chunk).
     chunk: bool = False
     # Which end truncation cuts.
-    direction: Direction = "right"
+    direction: Side = "right"
     # How a pair is cut: "only_first" never cuts its second text (zero-shot hypotheses).
     strategy: Literal["longest_first", "only_first"] = "longest_first"
     # A lower limit than the model's, in the input's own tokens with its prompt (special
@@ -107,5 +107,16 @@ class PipelineParams(TextParams):
         def frozen(v: Any) -> Any:
             return tuple(v) if isinstance(v, list) else v
 
-        items = tuple(sorted((k, frozen(v)) for k, v in arguments.items() if k != "truncation"))
+        items = tuple(sorted((k, frozen(v)) for k, v in arguments.items()))
         return cls(arguments=items, truncate=truncate)
+
+
+P = TypeVar("P", bound=TextParams)
+
+
+def narrow(params: TextParams, kind: type[P]) -> P:
+    """`params` as the `kind` its op reads (`service.engine.jobs.Unit` checks it when the unit
+    is made). Raises TypeError for another kind: a unit built wrong, a bug."""
+    if not isinstance(params, kind):
+        raise TypeError(f"{type(params).__name__} where {kind.__name__} is read")
+    return params

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from service.engine.params import PipelineParams
 from service.protocols.schemas import INTEGRAL, Dimensions, NonBlank, Normalize, PromptName
 
 
@@ -77,6 +78,9 @@ class ZeroShotParams(Params):
     multi_label: bool = False
 
 
-def pipeline_params(params: Params | None) -> dict[str, Any]:
-    """The keys that were set, for the pipeline engine (fill-mask, token-classification)."""
-    return {} if params is None else params.model_dump(exclude_none=True)
+def pipeline_params(params: Params | None, *, truncate: bool) -> PipelineParams:
+    """The pipeline engine's options (fill-mask, token-classification): the arguments that
+    were set, and `truncation` (`truncate`, the server's TRUNCATE, where not set)."""
+    arguments = {} if params is None else params.model_dump(exclude_none=True)
+    truncation = arguments.pop("truncation", truncate)
+    return PipelineParams.of(arguments, truncate=truncation)

@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
 from service.engine.jobs import Op, Unit
+from service.engine.params import PairParams, Side, TextParams
 from service.errors import InferenceFailed
 from service.protocols.schemas import (
     NonBlank,
@@ -188,11 +189,12 @@ def _parsed(
     return validate(model, doc, what=path, max_inputs=s.max_client_batch_size)
 
 
-def _direction(value: str | None) -> str | None:
-    return None if value is None else value.lower()
+def _direction(value: str | None) -> Side | None:
+    """A validated `truncation_direction` ("Left"/"left", "Right"/"right"), as the engine's."""
+    return None if value is None else "left" if value.lower() == "left" else "right"
 
 
-def units(op: Op, inputs: Any, params: dict[str, Any]) -> list[Unit]:
+def units(op: Op, inputs: Any, params: TextParams) -> list[Unit]:
     """One unit per input of a validated `Input`: a string or a token-id list, or a list of them."""
     items = inputs if isinstance(inputs, list) and not _is_ids(inputs) else [inputs]
     return [
@@ -203,12 +205,12 @@ def units(op: Op, inputs: Any, params: dict[str, Any]) -> list[Unit]:
     ]
 
 
-def _pair_params(truncate: bool | None, direction: str | None, s: Settings) -> dict[str, Any]:
+def _pair_params(truncate: bool | None, direction: str | None, s: Settings) -> PairParams:
     """Classifier units: TEI truncates a pair longest-first from the chosen side."""
-    return {
-        "truncate": s.truncate if truncate is None else truncate,
-        "direction": _direction(direction) or "right",
-    }
+    return PairParams(
+        truncate=s.truncate if truncate is None else truncate,
+        direction=_direction(direction) or "right",
+    )
 
 
 def scores(logits: Any, raw: bool) -> np.ndarray:

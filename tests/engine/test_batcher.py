@@ -19,6 +19,7 @@ from service.engine.batching.queue import Item, WorkQueue
 from service.engine.batching.running import LastBatch
 from service.engine.jobs import Op, Unit
 from service.engine.loading.load import load_engine
+from service.engine.params import PipelineParams
 from service.engine.types import Engine, Prepared
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
 from service.settings import Settings
@@ -99,7 +100,8 @@ def batcher(tiny_models: dict[str, Path]) -> Iterator[tuple[Batcher, RecordingEn
 def items(texts: list[str], deadline_s: float = 30, **params: Any) -> list[Item]:
     return [
         Item(
-            unit=Unit(op=Op.PIPELINE, text=t, params=params), deadline=time.monotonic() + deadline_s
+            unit=Unit(op=Op.PIPELINE, text=t, params=PipelineParams.of(params, truncate=False)),
+            deadline=time.monotonic() + deadline_s,
         )
         for t in texts
     ]

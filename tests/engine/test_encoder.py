@@ -12,6 +12,7 @@ import pytest
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.jobs import Op, Unit
 from service.engine.loading.load import load_engine
+from service.engine.params import EmbedParams, PairParams
 from service.engine.types import Prepared
 from service.errors import InvalidInput
 from service.settings import Settings
@@ -37,8 +38,8 @@ def units_of_every_kind() -> list[Unit]:
     return [
         Unit(op=Op.EMBED, text="A man is playing a guitar."),
         Unit(op=Op.EMBED, text=LONG),  # over the limit: its own 422
-        Unit(op=Op.EMBED, text=LONG, params={"truncate": True}),
-        Unit(op=Op.EMBED, text=LONG, params={"truncate": True, "direction": "left"}),
+        Unit(op=Op.EMBED, text=LONG, params=EmbedParams(truncate=True)),
+        Unit(op=Op.EMBED, text=LONG, params=EmbedParams(truncate=True, direction="left")),
         Unit(op=Op.ROWS, text="short"),
         Unit(op=Op.EMBED, ids=[101, 7592, 102]),
         Unit(op=Op.TOKENIZE, text="tokens please"),
@@ -101,9 +102,12 @@ def test_pairs_and_single_texts_are_tokenized_apart(cross_encoder: EncoderEngine
     units = [
         Unit(op=Op.LOGITS, text="what is the capital of france?", pair="Paris is."),
         Unit(op=Op.LOGITS, text="what is the capital of france?"),
-        Unit(op=Op.LOGITS, text="a query", pair=LONG, params={"truncate": True}),
+        Unit(op=Op.LOGITS, text="a query", pair=LONG, params=PairParams(truncate=True)),
         Unit(
-            op=Op.LOGITS, text="a query", pair=LONG, params={"truncate": True, "direction": "left"}
+            op=Op.LOGITS,
+            text="a query",
+            pair=LONG,
+            params=PairParams(truncate=True, direction="left"),
         ),
     ]
     many = cross_encoder.prepare_many(units)

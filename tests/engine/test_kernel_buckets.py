@@ -70,6 +70,7 @@ from loadtest.kernels import Creations
 counter = Creations()
 from service.engine.batching.batcher import Batcher
 from service.engine.jobs import Op, Unit
+from service.engine.params import EmbedParams
 from service.settings import Settings
 
 batcher = Batcher(Settings(backend="torch", dtype="bfloat16"))
@@ -79,7 +80,7 @@ words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".spl
 
 def batch(n, length):
     units = [Unit(op=Op.EMBED, text=" ".join(words[(i + j) % 12] for j in range(length + i % 5)),
-                  params={"truncate": True}) for i in range(n)]
+                  params=EmbedParams(truncate=True)) for i in range(n)]
     prepared = engine.prepare_many(units)
     counter.take()
     engine.run(prepared)

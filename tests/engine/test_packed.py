@@ -23,7 +23,7 @@ from service.backends.packed import PackedTorchBackend, torch_backend, unsupport
 from service.backends.packing import Packing
 from service.backends.torch_backend import TorchBackend
 from service.engine.forward.encoder import EncoderEngine
-from service.engine.jobs import Op, Unit
+from service.engine.jobs import PARAMS, Op, Unit
 from service.engine.loading.choice.candidates import native_bf16
 from service.engine.loading.load import load_engine
 from service.settings import Settings
@@ -338,7 +338,7 @@ def test_engine_answers_packed_as_padded(folders: dict[str, Path], name: str) ->
         for i in range(size):
             op, params = kinds[i % len(kinds)]
             pair = words[size + i] if name in ("nli", "reranker") else None  # a (text, pair)
-            units.append(Unit(op=op, text=words[i], pair=pair, params=params))
+            units.append(Unit(op=op, text=words[i], pair=pair, params=PARAMS[op](**params)))
         compare(padded.run(padded.prepare_many(units)), packed.run(packed.prepare_many(units)))
 
 

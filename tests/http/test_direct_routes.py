@@ -1,5 +1,6 @@
 """Direct routes: the model routes' POSTs reach their handler without the router, and answer
-what the router's way answers (floats within 1e-6); everything else still goes through the router."""
+what the router's way answers (floats within 1e-6); everything else still goes through the
+router."""
 
 from __future__ import annotations
 

@@ -6,12 +6,8 @@ pipeline's tokenizer and model, but without the pipeline's per-input Python: one
 per input (the tokenizers library runs in Rust), one padded numpy batch per forward, and
 answers cut from the batch's outputs. Inference thread only.
 
-Tokenizing is `service.engine.forward.tokenizing` (the params it reads are listed there). Unit
-params read here (adapters validate them): `normalize` (bool), `dimensions` (int: keep the
-first N, then normalize), `ranges` (answer `jobs.Ranged`: the vector and its int8 ranges,
-`service.engine.loading.quantization`), `max_active_dims` (sparse: keep the k largest),
-`function_to_apply` and `top_k` (classify), `count_tokens` (answer `jobs.Counted`; classifiers'
-logits too).
+Tokenizing is `service.engine.forward.tokenizing`; the options each op reads are in
+`service.engine.params` (`EmbedParams` for pooled vectors, `PairParams` for classifiers).
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ from service.backends import Backend
 from service.backends.torch_backend import TorchBackend
 from service.engine.forward.tokenizing import Encoded, UnitTokenizer
 from service.engine.jobs import Counted, Op, Unit
+from service.engine.params import PairParams, narrow
 from service.engine.pooling import outputs
 from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import ModelInfo, Output, Prepared
@@ -140,11 +137,12 @@ class EncoderEngine:
             return logits[0].numpy()
         from transformers.pipelines.text_classification import ClassificationFunction
 
-        function = unit.params.get("function_to_apply")
+        params = narrow(unit.params, PairParams)
+        function = params.function_to_apply
         return self.pipe.postprocess(
             {"logits": logits},
             function_to_apply=None if function is None else ClassificationFunction(function),
-            top_k=unit.params.get("top_k"),
+            top_k=params.top_k,
             _legacy=False,
         )
 
@@ -152,6 +150,6 @@ class EncoderEngine:
 def _with_counts(batch: list[Prepared], answers: list[Any]) -> list[Any]:
     """Each answer whose unit asked for `count_tokens` as `Counted(answer, its tokens)`."""
     return [
-        Counted(a, p.n_tokens) if p.unit.params.get("count_tokens") else a
+        Counted(a, p.n_tokens) if p.unit.params.count_tokens else a
         for p, a in zip(batch, answers, strict=True)
     ]

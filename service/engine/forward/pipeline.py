@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from service.engine.jobs import Hashable, Unit, params_key
+from service.engine.jobs import Unit
+from service.engine.params import PipelineParams, narrow
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 
@@ -43,26 +44,25 @@ class Calls:
 @dataclass(eq=False)
 class PipelineEngine:
     """A loaded fill-mask or token-classification pipeline plus the per-parameter-set state
-    it needs. Units are `Op.PIPELINE`; their `params` are the task's validated parameters
-    (`service.protocols.params`). Inference thread only."""
+    it needs. Units are `Op.PIPELINE`; their `params` are `PipelineParams`: the task's
+    validated arguments (`service.protocols.params`). Inference thread only."""
 
     pipe: Pipeline
     info: ModelInfo
-    truncate_default: bool
-    _calls: dict[Hashable, Calls] = field(default_factory=dict)
+    _calls: dict[PipelineParams, Calls] = field(default_factory=dict)
 
     # -- parameters ---------------------------------------------------------------------
-    def calls_for(self, key: Hashable, params: dict[str, Any]) -> Calls:
-        """The pipeline's (preprocess, forward, postprocess) kwargs for `params`, cached by key.
+    def calls_for(self, params: PipelineParams) -> Calls:
+        """The pipeline's (preprocess, forward, postprocess) kwargs for `params`, cached by them.
 
         Raises `InvalidInput` when the pipeline rejects the values (e.g. unknown targets).
         """
-        if key in self._calls:
-            return self._calls[key]
+        if params in self._calls:
+            return self._calls[params]
         if len(self._calls) >= _MAX_CACHED_PARAMETER_SETS:  # e.g. many distinct `targets`
             self._calls.pop(next(iter(self._calls)))
-        user = dict(params)
-        truncation = bool(user.pop("truncation", self.truncate_default))
+        user = {k: list(v) if isinstance(v, tuple) else v for k, v in params.arguments}
+        truncation = params.truncate
         task = self.info.task
         if task == "fill-mask" and "top_k" in user:
             user["top_k"] = min(user["top_k"], self.info.vocab_size)
@@ -78,7 +78,7 @@ class PipelineEngine:
             postprocess={**self.pipe._postprocess_params, **post},
             truncation=truncation,
         )
-        self._calls[key] = calls
+        self._calls[params] = calls
         return calls
 
     # -- per input ----------------------------------------------------------------------
@@ -95,9 +95,9 @@ class PipelineEngine:
         """
         from transformers.pipelines.base import ChunkPipeline, PipelineException
 
-        text, params = unit.text, dict(unit.params)
+        text = unit.text
         assert text is not None
-        calls = self.calls_for(params_key(params), params)
+        calls = self.calls_for(narrow(unit.params, PipelineParams))
         try:
             out = self.pipe.preprocess(text, **calls.preprocess)
             chunks = list(out) if isinstance(self.pipe, ChunkPipeline) else [out]

@@ -2,15 +2,9 @@
 checks, client token ids used as given, and the answers that need no forward (TEI's /tokenize
 and /decode). Inference thread only.
 
-Unit params it reads (adapters validate them): `truncate` (bool: cut at `max_input_tokens`,
-else 422 naming the limit), `chunk` (bool: an `embed` text over the limit is embedded in
-windows instead, `service.engine.forward.windows`), `max_tokens` (int: a lower limit, in
-the input's own tokens with its prompt, special tokens not counted; cut or refused the same
-way), `direction` ("right"/"left": which end truncation cuts), `strategy` ("longest_first" or
-"only_first" for pairs), `pair_max_tokens` (int: the pair's second text cut to its first N
-tokens before the pair is encoded: `pair_texts`), `prompt_name` (a key of the model's
-sentence-transformers `prompts`; "" for no prompt, even where the model has a default one),
-`add_special_tokens` (tokenize), `skip_special_tokens` (decode).
+Options it reads (`service.engine.params.TextParams`, `TokenParams` for tokenize and decode):
+`truncate`, `chunk`, `max_tokens`, `direction`, `strategy`, `pair_max_tokens`,
+`prompt_name`, `add_special_tokens`, `skip_special_tokens`.
 """
 
 from __future__ import annotations
@@ -25,6 +19,7 @@ from service import metrics
 from service.engine.forward import windows
 from service.engine.forward.prompts import prompt_length, st_text
 from service.engine.jobs import Op, Unit
+from service.engine.params import TokenParams, narrow
 from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
@@ -96,7 +91,7 @@ class UnitTokenizer:
 
     def _prepare_other(self, unit: Unit) -> Prepared:
         if unit.op is Op.DECODE:
-            skip = bool(unit.params.get("skip_special_tokens", True))
+            skip = narrow(unit.params, TokenParams).skip_special_tokens
             return Prepared(unit=unit, n_tokens=0, answer=self._decode(unit, skip))
         if unit.op is Op.TOKENIZE:
             return Prepared(unit=unit, n_tokens=0, answer=self._tokens(unit))
@@ -110,7 +105,7 @@ class UnitTokenizer:
         return prompt + unit.text if prompt else unit.text
 
     def _prompt(self, unit: Unit) -> str | None:
-        name = unit.params.get("prompt_name")
+        name = unit.params.prompt_name
         return None if name is None else self.info.prompts[name] if name else ""
 
     def _encode_many(self, units: Sequence[Unit]) -> list[Encoded | Prepared | Exception]:
@@ -118,9 +113,9 @@ class UnitTokenizer:
         its 422 (`InvalidInput`), or its windows (`chunk`). Raises what the tokenizer raises."""
         first = units[0]
         limit = _limit(first, self.info.max_input_tokens, self.tok.num_special_tokens_to_add())
-        truncate = bool(first.params.get("truncate", False))
-        self.tok.truncation_side = first.params.get("direction", "right")
-        strategy = first.params.get("strategy", "longest_first") if truncate else False
+        truncate = first.params.truncate
+        self.tok.truncation_side = first.params.direction
+        strategy = first.params.strategy if truncate else False
         enc = self.tok(
             [self._text(u) for u in units],
             None if first.pair is None else pair_texts(self.tok, units),
@@ -147,7 +142,7 @@ class UnitTokenizer:
         asks for `chunk` (an `embed` text alone, under the model's own limit: pooled
         embeddings average), else its 422."""
         chunkable = unit.op is Op.EMBED and unit.pair is None
-        if unit.params.get("chunk") and chunkable and unit.params.get("max_tokens") is None:
+        if unit.params.chunk and chunkable and unit.params.max_tokens is None:
             metrics.LONG_INPUTS.labels("chunked").inc()
             return self.chunker.prepare(unit, self._text(unit), self._prompt_length(unit))
         metrics.LONG_INPUTS.labels("refused").inc()
@@ -161,17 +156,17 @@ class UnitTokenizer:
         _check_vocabulary(ids, self.info.vocab_size)
         limit = _limit(unit, self.info.max_input_tokens, 0)  # ids: no special tokens added
         if len(ids) > limit:
-            if not unit.params.get("truncate", False):
+            if not unit.params.truncate:
                 metrics.LONG_INPUTS.labels("refused").inc()
                 raise InvalidInput(
                     f"input is {len(ids)} tokens; this model takes at most {limit} tokens"
                 )
             metrics.LONG_INPUTS.labels("truncated").inc()
-            ids = ids[-limit:] if unit.params.get("direction") == "left" else ids[:limit]
+            ids = ids[-limit:] if unit.params.direction == "left" else ids[:limit]
         return Encoded(ids=ids, type_ids=[0] * len(ids) if self.types else None, prompt_tokens=0)
 
     def _prompt_length(self, unit: Unit) -> int:
-        name = unit.params.get("prompt_name")
+        name = unit.params.prompt_name
         if not name or self.sentence is None or self.sentence.include_prompt:
             return 0
         if name not in self._prompt_tokens:
@@ -187,7 +182,7 @@ class UnitTokenizer:
         text = self._text(unit)
         enc = self.tok(
             text,
-            add_special_tokens=bool(unit.params.get("add_special_tokens", True)),
+            add_special_tokens=narrow(unit.params, TokenParams).add_special_tokens,
             return_offsets_mapping=True,
             return_special_tokens_mask=True,
         )
@@ -223,14 +218,7 @@ def _text_to_encode(unit: Unit) -> bool:
 def _encode_key(unit: Unit) -> tuple[Any, ...]:
     """What must be alike for units to share one tokenizer call."""
     p = unit.params
-    return (
-        bool(p.get("truncate", False)),
-        p.get("direction", "right"),
-        p.get("strategy", "longest_first"),
-        p.get("max_tokens"),
-        p.get("pair_max_tokens"),
-        unit.pair is None,
-    )
+    return (p.truncate, p.direction, p.strategy, p.max_tokens, p.pair_max_tokens, unit.pair is None)
 
 
 def _windows_of(types: bool) -> Callable[[list[int], int], Encoded]:
@@ -249,18 +237,18 @@ def _truncated(enc: Any, i: int) -> bool:
 def _limit(unit: Unit, model_limit: int, specials: int) -> int:
     """The unit's token limit: the model's, or the unit's `max_tokens` (the input's own tokens,
     the prompt's included) plus the `specials` the tokenizer adds, where that is lower."""
-    asked = unit.params.get("max_tokens")
-    return model_limit if asked is None else min(model_limit, int(asked) + specials)
+    asked = unit.params.max_tokens
+    return model_limit if asked is None else min(model_limit, asked + specials)
 
 
 def _too_long(n: int, limit: int, unit: Unit) -> InvalidInput:
-    if unit.params.get("max_tokens") is not None:
+    if unit.params.max_tokens is not None:
         return InvalidInput(
             f"input is {n} tokens (special tokens included); the limit is {limit}: "
-            f"max_tokens {unit.params['max_tokens']} or this model's, whichever is lower "
+            f"max_tokens {unit.params.max_tokens} or this model's, whichever is lower "
             "(shorten it, or ask for truncation)"
         )
-    if unit.params.get("chunk"):
+    if unit.params.chunk:
         return InvalidInput(
             f"input is {n} tokens; this model takes at most {limit} tokens (LONG_INPUTS=chunk "
             "makes windows of pooled embeddings only: ask for truncation with `truncate` or "
@@ -279,21 +267,21 @@ def pair_texts(tok: Any, units: Sequence[Unit]) -> list[str]:
     of it (Cohere's `max_tokens_per_doc`). A tokenizer without offsets (not a fast one)
     writes its first N tokens back as text instead."""
     pairs = [str(u.pair) for u in units]
-    n = units[0].params.get("pair_max_tokens")
+    n = units[0].params.pair_max_tokens
     if n is None:
         return pairs
     if not getattr(tok, "is_fast", False):
-        return [tok.convert_tokens_to_string(tok.tokenize(text)[: int(n)]) for text in pairs]
+        return [tok.convert_tokens_to_string(tok.tokenize(text)[:n]) for text in pairs]
     enc = tok(
         pairs,
         add_special_tokens=False,
         truncation=True,
-        max_length=int(n),
+        max_length=n,
         return_offsets_mapping=True,
         verbose=False,
     )
     return [
-        text[: spans[-1][1]] if len(spans) >= int(n) else text
+        text[: spans[-1][1]] if len(spans) >= n else text
         for text, spans in zip(pairs, enc["offset_mapping"], strict=True)
     ]
 

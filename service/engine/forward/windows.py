@@ -22,17 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from service.engine.jobs import Counted, Op, Unit
+from service.engine.params import EmbedParams, narrow
 from service.engine.types import Prepared
 
 #: A window's own answer: the pooled vector (after any Dense modules), neither cut nor
 #: normalized; the input's parameters apply once, to the mean (`merge`).
-WINDOW_PARAMS = MappingProxyType({"normalize": False, "dimensions": None})
+WINDOW_PARAMS = EmbedParams(normalize=False)
 
 
 @dataclass(frozen=True)
@@ -111,11 +111,11 @@ def chunked(unit: Unit, windows: Sequence[Any]) -> Prepared:
         unit=unit,
         n_tokens=sum(weights),
         parts=parts,
-        merge=partial(merge, weights=weights, params=unit.params),
+        merge=partial(merge, weights=weights, params=narrow(unit.params, EmbedParams)),
     )
 
 
-def merge(answers: list[Any], *, weights: Sequence[int], params: Any) -> Any:
+def merge(answers: list[Any], *, weights: Sequence[int], params: EmbedParams) -> Any:
     """The input's embedding from its windows' pooled vectors [D] (in window order): their
     mean weighted by `weights` (tokens per window), cut to `dimensions` and normalized as
     `params` say; `Counted` with every window's tokens when `count_tokens` asks."""
@@ -127,7 +127,7 @@ def merge(answers: list[Any], *, weights: Sequence[int], params: Any) -> Any:
     mean = (np.stack(answers).astype(np.float64) * w[:, None]).sum(axis=0) / w.sum()
     vector = finish(
         torch.from_numpy(mean.astype(np.float32))[None],
-        normalize=bool(params.get("normalize", True)),
-        dimensions=params.get("dimensions"),
+        normalize=params.normalize,
+        dimensions=params.dimensions,
     )[0].numpy()
-    return Counted(vector, int(w.sum())) if params.get("count_tokens") else vector
+    return Counted(vector, int(w.sum())) if params.count_tokens else vector

@@ -19,9 +19,9 @@ Per unit (`service.engine.llm_rerank.config` says what the folder asks):
 Answers: `logits` units get the score as a one-label logit (float32 [1]), which the rerank
 routes put through the activation (sigmoid, as the folder's Sigmoid); `classify` units the
 text-classification answer `[{label, score}]` (`function_to_apply`: sigmoid by default,
-softmax over one label is 1, none the score). Unit params read: `truncate`, `direction`,
-`function_to_apply`, `count_tokens`, `pair_max_tokens` (the document cut to its first N tokens
-first, as the encoder engine cuts it). Tokenize and decode are the encoder engine's.
+softmax over one label is 1, none the score). Options read (`PairParams`): `truncate`,
+`direction`, `function_to_apply`, `count_tokens`, `pair_max_tokens` (the document cut to its
+first N tokens first, as the encoder engine cuts it). Tokenize and decode are the encoder engine's.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from service import metrics
 from service.engine.forward.tokenizing import UnitTokenizer, pair_texts
 from service.engine.jobs import NO_FORWARD, Counted, Op, Unit
 from service.engine.llm_rerank.config import RerankerConfig
+from service.engine.params import PairParams, narrow
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 
@@ -62,11 +63,11 @@ class CausalRerankEngine:
         the model's limit without truncation."""
         if unit.op in NO_FORWARD:
             return self.tokenizer.prepare(unit)
-        self.tok.truncation_side = unit.params.get("direction", "right")
+        self.tok.truncation_side = unit.params.direction
         limit = self.info.max_input_tokens
         ids = self._encode(unit, truncate=False)
         if len(ids) > limit:
-            if not unit.params.get("truncate", False):
+            if not unit.params.truncate:
                 metrics.LONG_INPUTS.labels("refused").inc()
                 raise InvalidInput(
                     f"input is {len(ids)} tokens; this model takes at most {limit} tokens "
@@ -155,9 +156,9 @@ class CausalRerankEngine:
     def _answer(self, prepared: Prepared, score: float) -> Any:
         unit = prepared.unit
         if unit.op is Op.CLASSIFY:
-            function = unit.params.get("function_to_apply") or "sigmoid"
+            function = narrow(unit.params, PairParams).function_to_apply or "sigmoid"
             value = {"sigmoid": 1 / (1 + np.exp(-score)), "softmax": 1.0, "none": score}[function]
             answer: Any = [{"label": self.info.labels[0], "score": float(value)}]
         else:
             answer = np.array([score], dtype=np.float32)
-        return Counted(answer, prepared.n_tokens) if unit.params.get("count_tokens") else answer
+        return Counted(answer, prepared.n_tokens) if unit.params.count_tokens else answer

@@ -225,7 +225,7 @@ def load_engine(settings: Settings) -> Engine:
             dtype=choice.backend.dtype,
             backend_summary=MappingProxyType(choice.summary()),
         )
-        return PipelineEngine(pipe=pipe, info=info, truncate_default=settings.truncate)
+        return PipelineEngine(pipe=pipe, info=info)
     engine = EncoderEngine(pipe, info, sentence)  # on torch float32: the reference
     reference = engine.backend
     folder = weights_folder(weights, settings)

@@ -44,6 +44,7 @@ import numpy as np
 import structlog
 
 from service.engine.jobs import Op, Unit
+from service.engine.params import EmbedParams
 from service.engine.pooling.calibration import Calibration, CalibrationSet, read_set
 from service.engine.types import ModelInfo, Prepared
 
@@ -108,7 +109,7 @@ def embed(engine: EncoderEngine, texts: tuple[str, ...], backend: Backend) -> np
     """float32 [N, D]: each text's vector as an `embed` unit answers it with `normalize`
     false (the model's default prompt, truncated at its limit), computed by `backend`, in
     batches of similar length."""
-    params = {"truncate": True, "normalize": False}
+    params = EmbedParams(truncate=True, normalize=False)
     units = [Unit(op=Op.EMBED, text=t, params=params) for t in texts]
     prepared: list[Prepared] = []
     for p in engine.prepare_many(units):
@@ -131,7 +132,7 @@ def embed(engine: EncoderEngine, texts: tuple[str, ...], backend: Backend) -> np
 
 def _emitted_width(engine: EncoderEngine) -> int:
     """The width of one vector as the served backend computes it (one short forward)."""
-    unit = Unit(op=Op.EMBED, text="width", params={"truncate": True, "normalize": False})
+    unit = Unit(op=Op.EMBED, text="width", params=EmbedParams(truncate=True, normalize=False))
     return int(np.asarray(engine.run([engine.prepare(unit)])[0]).shape[-1])
 
 

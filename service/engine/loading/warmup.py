@@ -9,7 +9,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from service.engine.jobs import Op, Unit
+from service.engine.jobs import PARAMS, Op, Unit
+from service.engine.params import PipelineParams
 from service.engine.pooling import sparse
 from service.engine.types import Engine, ModelInfo, Output, Prepared
 
@@ -31,8 +32,8 @@ def sample_unit(info: ModelInfo, text: str) -> Unit:
     limit (fill-mask gets the mask token appended): for warm-up and calibration."""
     if info.output is Output.PIPELINE:
         suffix = f" {info.mask_token}" if info.mask_token else ""
-        return Unit(op=Op.PIPELINE, text=text + suffix, params={"truncation": True})
-    return Unit(op=info.output.op, text=text, params={"truncate": True})
+        return Unit(op=Op.PIPELINE, text=text + suffix, params=PipelineParams(truncate=True))
+    return Unit(op=info.output.op, text=text, params=PARAMS[info.output.op](truncate=True))
 
 
 def calibrate(engine: Engine) -> BatchCost:
@@ -82,7 +83,8 @@ def check_finite(engine: E) -> E:
     info = engine.info
     if info.output not in (Output.POOLED, Output.SPARSE):
         return engine
-    units = [Unit(op=info.output.op, text=t, params={"truncate": True}) for t in _CHECK_TEXTS]
+    params = PARAMS[info.output.op](truncate=True)
+    units = [Unit(op=info.output.op, text=t, params=params) for t in _CHECK_TEXTS]
     answers = engine.run([engine.prepare(u) for u in units])
     values = [a.values if isinstance(a, sparse.SparseVector) else a for a in answers]
     if all(np.isfinite(v).all() for v in values):

@@ -14,9 +14,9 @@ and this engine after it (`MultiVectorConfig` holds the folder's options):
    the skiplist's tokens on the tasks it names (documents by default), and for documents only
    the `keep_only_token_ids`; without a MultiVectorMask, the rows the encoder attended to.
 
-Unit params read: `input_type` ("query"/"document"; default document), `truncate` (bool),
-`chunk` (bool: LONG_INPUTS=chunk, which multi-vector answers do not make: a long input is
-a 422 saying so). Tokenize and decode are the encoder engine's (`UnitTokenizer`).
+Options read (`MultiVectorParams`): `input_type`, `truncate`, `chunk` (LONG_INPUTS=chunk,
+which multi-vector answers do not make: a long input is a 422 saying so). Tokenize and
+decode are the encoder engine's (`UnitTokenizer`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from service.engine.folders import UnsupportedModel
 from service.engine.forward.tokenizing import UnitTokenizer
 from service.engine.jobs import NO_FORWARD, Unit
 from service.engine.multi_vector.config import MultiVectorConfig
+from service.engine.params import MultiVectorParams, narrow
 from service.engine.pooling import heads
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
@@ -94,7 +95,7 @@ class MultiVectorEngine:
         over the task's length without truncation."""
         if unit.op in NO_FORWARD:
             return self.tokenizer.prepare(unit)
-        task = unit.params.get("input_type", "document")
+        task = narrow(unit.params, MultiVectorParams).input_type
         assert unit.text is not None and task in TASKS
         ids = self._ids(self.config.prompts.get(task, "") + unit.text, task, unit)
         tokens = self._tokens(ids, task)
@@ -115,7 +116,7 @@ class MultiVectorEngine:
 
     def _ids(self, text: str, task: str, unit: Unit) -> list[int]:
         limit = self.limit(task)
-        truncate = bool(unit.params.get("truncate", False))
+        truncate = unit.params.truncate
         enc = self.tok(
             text,
             truncation="longest_first" if truncate else False,
@@ -127,7 +128,7 @@ class MultiVectorEngine:
             why = (
                 " (LONG_INPUTS=chunk makes windows of pooled embeddings only: ask for truncation "
                 "with `truncate`)"
-                if unit.params.get("chunk")
+                if unit.params.chunk
                 else " (shorten it, or ask for truncation: `truncate`, or LONG_INPUTS=truncate)"
             )
             raise InvalidInput(

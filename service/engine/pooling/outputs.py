@@ -16,6 +16,7 @@ import structlog
 
 from service.engine.folders import UnsupportedModel
 from service.engine.jobs import Op, Ranged
+from service.engine.params import EmbedParams, narrow
 from service.engine.pooling import heads, sparse
 from service.engine.pooling.pool import finish, pool
 from service.engine.pooling.sentence import SentenceConfig
@@ -97,9 +98,8 @@ def embed_rows(
     # Cut and normalize once for each (normalize, dimensions) the units ask for, not per row.
     shapes: dict[tuple[bool, int | None], list[int]] = {}
     for j, i in enumerate(rows):
-        params = batch[i].unit.params
-        key = (bool(params.get("normalize", True)), params.get("dimensions"))
-        shapes.setdefault(key, []).append(j)
+        params = narrow(batch[i].unit.params, EmbedParams)
+        shapes.setdefault((params.normalize, params.dimensions), []).append(j)
     out: dict[int, Any] = {}
     for (normalize, dimensions), js in shapes.items():
         chosen = vectors if len(js) == len(rows) else vectors[torch.tensor(js)]
@@ -107,7 +107,8 @@ def embed_rows(
         for j, vector in zip(js, finished, strict=True):
             i = rows[j]
             out[i] = vector
-            if batch[i].unit.params.get("ranges"):  # int8/uint8: ranges of this width and norm
+            # int8/uint8: the ranges of this width and normalization
+            if narrow(batch[i].unit.params, EmbedParams).ranges:
                 assert calibration is not None  # adapters ask only where it was made
                 out[i] = Ranged(vector, calibration.ranges(normalize, dimensions))
     return out
@@ -132,6 +133,6 @@ def sparse_rows(
     weights = sparse.splade_pool(logits[index], mask.to(logits.device)[index], spec)
     out = {}
     for j, i in enumerate(rows):
-        top = batch[i].unit.params.get("max_active_dims")
+        top = narrow(batch[i].unit.params, EmbedParams).max_active_dims
         out[i] = sparse.to_sparse(sparse.keep_top(weights[j : j + 1], top)[0])
     return out

@@ -9,6 +9,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, RootModel
 
 from service.engine.jobs import Job, Op, Unit
+from service.engine.params import PairParams
 from service.engine.types import ModelInfo
 from service.errors import InvalidInput, PayloadTooLarge
 from service.protocols.hf_shapes import _as_list, _is_list, _Request, list_paths
@@ -50,11 +51,11 @@ class ZeroShotRequest(_Request):
 def _text_classification(request: _Request, info: ModelInfo, settings: Settings) -> Job:
     assert isinstance(request, TextClassificationRequest)
     params = request.parameters or TextClassificationParams()
-    unit_params = {
-        "truncate": settings.truncate if params.truncation is None else params.truncation,
-        "top_k": params.top_k,
-        "function_to_apply": params.function_to_apply,
-    }
+    unit_params = PairParams(
+        truncate=settings.truncate if params.truncation is None else params.truncation,
+        top_k=params.top_k,
+        function_to_apply=params.function_to_apply,
+    )
     units = []
     for item in _as_list(request.inputs):
         text, pair = (item, None) if isinstance(item, str) else (item.text, item.text_pair)
@@ -77,10 +78,10 @@ def _zero_shot(request: _Request, info: ModelInfo, settings: Settings) -> Job:
         )
     template = params.hypothesis_template
     hypotheses = [hypothesis(template, label) for label in labels]
-    unit_params = {
-        "truncate": settings.truncate if params.truncation is None else params.truncation,
-        "strategy": "only_first",  # the pipeline's: never cut the hypothesis
-    }
+    unit_params = PairParams(
+        truncate=settings.truncate if params.truncation is None else params.truncation,
+        strategy="only_first",  # the pipeline's: never cut the hypothesis
+    )
     units = [
         Unit(op=Op.LOGITS, text=seq, pair=hyp, params=unit_params)
         for seq in sequences

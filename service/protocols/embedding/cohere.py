@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field
 
 from service.engine.jobs import Counted, Job, Op, Unit
+from service.engine.params import Side
 from service.engine.types import ModelInfo
 from service.protocols import cohere_shapes
 from service.protocols.embedding.common import dimension_warning, embedding_params
@@ -41,7 +42,11 @@ from service.settings import Settings
 InputType = Literal["search_query", "search_document", "classification", "clustering"]
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 #: `truncate` -> (truncate, direction)
-_TRUNCATE = {"END": (True, "right"), "START": (True, "left"), "NONE": (False, "right")}
+_TRUNCATE: dict[str, tuple[bool, Side]] = {
+    "END": (True, "right"),
+    "START": (True, "left"),
+    "NONE": (False, "right"),
+}
 
 
 class CohereEmbedRequest(cohere_shapes._Request):
@@ -95,10 +100,9 @@ def _embed(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) 
         dimensions=r.output_dimension,
         encodings=types,
         dimensions_field="output_dimension",
+        count_tokens=True,
+        max_tokens=r.max_tokens,
     )
-    params["count_tokens"] = True
-    if r.max_tokens is not None:
-        params["max_tokens"] = r.max_tokens
     texts = list(r.texts)
 
     def finish(answers: list[Counted]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from service.engine.params import EmbedParams, Side
 from service.engine.types import ModelInfo
 from service.errors import InvalidInput
 from service.protocols.encodings import needs_ranges
@@ -46,16 +47,19 @@ def embedding_params(
     info: ModelInfo,
     *,
     truncate: bool | None,
-    direction: str | None,
+    direction: Side | None,
     prompt_name: str | None,
     normalize: bool | None = None,
     dimensions: int | None = None,
     long_inputs: str = "refuse",
     encodings: Any = None,
     dimensions_field: str = "dimensions",
-) -> dict[str, Any]:
-    """Unit params for `embed`/`rows`, checked against the model: a prompt or input type it
-    maps, a `dimensions` it can cut to (the width it emits, measured at start), int8/uint8
+    count_tokens: bool = False,
+    max_tokens: int | None = None,
+    max_active_dims: int | None = None,
+) -> EmbedParams:
+    """Options of `embed`/`rows`/`sparse` units, checked against the model: a prompt or input
+    type it maps, a `dimensions` it can cut to (the width it emits, measured at start), int8/uint8
     among `encodings` only where it has calibrated ranges. Shared by every embedding
     protocol.
 
@@ -69,19 +73,20 @@ def embedding_params(
             f"{dimensions_field} {dimensions} is more than the {info.dimension} dimensions this "
             "model emits; send at most that"
         )
-    params = {
-        "truncate": long_inputs == "truncate" if truncate is None else truncate,
-        "chunk": truncate is None and long_inputs == "chunk",
-        "direction": direction or "right",
-        "prompt_name": prompt,
+    return EmbedParams(
+        truncate=long_inputs == "truncate" if truncate is None else truncate,
+        chunk=truncate is None and long_inputs == "chunk",
+        direction=direction or "right",
+        prompt_name=prompt,
         # Unset: as the model's own pipeline does (its Normalize module), which is what
         # SentenceTransformer.encode answers; True for POOLING on plain models (TEI's default).
-        "normalize": info.normalize if normalize is None else normalize,
-        "dimensions": dimensions,
-    }
-    if ranges_wanted(info, needs_ranges(encodings)):
-        params["ranges"] = True
-    return params
+        normalize=info.normalize if normalize is None else normalize,
+        dimensions=dimensions,
+        ranges=ranges_wanted(info, needs_ranges(encodings)),
+        count_tokens=count_tokens,
+        max_tokens=max_tokens,
+        max_active_dims=max_active_dims,
+    )
 
 
 #: Cohere's `input_type` -> the sentence-transformers prompt it means.

@@ -21,7 +21,6 @@ from service.protocols.hf_shapes import _as_list, _is_list, _Request, list_paths
 from service.protocols.params import (
     FeatureExtractionParams,
     SentenceSimilarityParams,
-    pipeline_params,
 )
 from service.protocols.schemas import (
     Dimensions,
@@ -54,8 +53,8 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
     fields = _merged(request)
     op = info.output.op  # EMBED, SPARSE or ROWS
     if op is Op.ROWS and (
-        fields.get("normalize") is not None
-        or fields.get("dimensions")
+        fields.normalize is not None
+        or fields.dimensions
         or request.encoding_format not in (None, "float")
     ):
         raise InvalidInput(
@@ -63,18 +62,18 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
             "normalize, dimensions and encoding_format need pooled embeddings; set POOLING to "
             "pool its rows"
         )
-    if op is Op.SPARSE and (fields.get("normalize") is not None or fields.get("dimensions")):
+    if op is Op.SPARSE and (fields.normalize is not None or fields.dimensions):
         raise InvalidInput(
             "this model answers sparse (SPLADE) embeddings: normalize and dimensions apply to "
             "dense embeddings only"
         )
     params = embedding_params(
         info,
-        truncate=fields.get("truncate"),
-        direction=fields.get("truncation_direction"),
-        prompt_name=fields.get("prompt_name"),
-        normalize=fields.get("normalize"),
-        dimensions=fields.get("dimensions"),
+        truncate=fields.truncate,
+        direction=fields.truncation_direction,
+        prompt_name=fields.prompt_name,
+        normalize=fields.normalize,
+        dimensions=fields.dimensions,
         long_inputs=settings.long_inputs,
         encodings=request.encoding_format,
     )
@@ -93,7 +92,7 @@ def _feature_extraction(request: _Request, info: ModelInfo, settings: Settings) 
         out = encode_all(vectors, fmt)
         return out if is_list else [out[0]]
 
-    headers = dimension_warning(info, params["dimensions"])
+    headers = dimension_warning(info, params.dimensions)
     return Job(units, finish, paths, headers)
 
 
@@ -108,19 +107,20 @@ def _rows_finish(is_list: bool) -> Any:
 _ROOT_FIELDS = ("normalize", "prompt_name", "truncate", "dimensions", "truncation_direction")
 
 
-def _merged(request: FeatureExtractionRequest) -> dict[str, Any]:
+def _merged(request: FeatureExtractionRequest) -> FeatureExtractionParams:
     """Root-level fields (the spec) and `parameters` (older clients): one set; where a field
     is given in both, the root's wins (as `FeatureExtractionParams` says: every value of
-    either place is valid by the document, so neither may be refused for the other)."""
+    either place is valid by the document, so neither may be refused for the other); the
+    nested `truncation` where neither gives `truncate`."""
+    nested = request.parameters or FeatureExtractionParams()
+    if nested.truncate is None:
+        nested = nested.model_copy(update={"truncate": nested.truncation})
     root = {
         name: value
         for name in _ROOT_FIELDS
-        if (value := getattr(request, name)) is not None  # (scalars: what model_dump gives)
+        if (value := getattr(request, name)) is not None  # (validated: copied as they are)
     }
-    nested = pipeline_params(request.parameters)
-    if "truncation" in nested:
-        nested.setdefault("truncate", nested.pop("truncation"))
-    return {**nested, **root}
+    return nested.model_copy(update=root)
 
 
 def _similarity(request: _Request, info: ModelInfo, settings: Settings) -> Job:

@@ -126,8 +126,8 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         dimensions=r.dimensions,
         long_inputs=s.long_inputs,
         encodings=r.encoding_format,
+        count_tokens=True,
     )
-    params["count_tokens"] = True
     fmt = r.encoding_format
 
     def finish(answers: list[Counted]) -> dict[str, Any]:

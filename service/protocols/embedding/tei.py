@@ -117,8 +117,8 @@ def _embed_sparse(body: bytes, content_type: str | None, info: ModelInfo, s: Set
         direction=_direction(r.truncation_direction),
         prompt_name=r.prompt_name,
         long_inputs=s.long_inputs,
+        max_active_dims=r.max_active_dims,
     )
-    params["max_active_dims"] = r.max_active_dims
     return Job(units(Op.SPARSE, r.inputs, params), lambda a: [v.pairs() for v in a])
 
 

@@ -4,22 +4,25 @@ documents as units with their late-interaction scores (`/rerank` on such a model
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from service.engine.jobs import Op, Unit
 from service.engine.multi_vector.scoring import late_interaction
+from service.engine.params import MultiVectorParams
 from service.engine.types import ModelInfo
 from service.settings import Settings
 
 
-def multi_vector_params(input_type: str, truncate: bool | None, s: Settings) -> dict[str, Any]:
-    """Unit params of a `multi_vector` unit (`service.engine.multi_vector.engine`): the input
-    type, and what an input over its length gets (the request's `truncate`, else LONG_INPUTS)."""
-    return {
-        "input_type": input_type,
-        "truncate": s.long_inputs == "truncate" if truncate is None else truncate,
-        "chunk": truncate is None and s.long_inputs == "chunk",
-    }
+def multi_vector_params(
+    input_type: Literal["query", "document"], truncate: bool | None, s: Settings
+) -> MultiVectorParams:
+    """A `multi_vector` unit's options (`service.engine.multi_vector.engine`): the input type,
+    and what an input over its length gets (the request's `truncate`, else LONG_INPUTS)."""
+    return MultiVectorParams(
+        input_type=input_type,
+        truncate=s.long_inputs == "truncate" if truncate is None else truncate,
+        chunk=truncate is None and s.long_inputs == "chunk",
+    )
 
 
 def query_and_documents(

@@ -53,7 +53,6 @@ class CohereRerankResponse(BaseModel):
 def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     doc = decode(body, content_type, raw_text=False)
     r = validate(CohereRerankRequest, doc, what="/v2/rerank", max_inputs=s.max_client_batch_size)
-    cut = {} if r.max_tokens_per_doc is None else {"pair_max_tokens": r.max_tokens_per_doc}
 
     def finish(answers: list[Counted]) -> dict[str, Any]:
         scores = relevance(answers, info)
@@ -65,7 +64,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
             "meta": cohere_shapes.meta(tokens(answers)),
         }
 
-    return documents_job(r.query, r.documents, finish, **cut)
+    return documents_job(r.query, r.documents, finish, pair_max_tokens=r.max_tokens_per_doc)
 
 
 ENDPOINTS = (

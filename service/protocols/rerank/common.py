@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from service.engine.jobs import Counted, Job, Op, Unit
+from service.engine.params import PairParams
 from service.engine.types import ModelInfo
 from service.errors import InferenceFailed, WrongTask
 from service.protocols.serving import require
@@ -51,20 +52,26 @@ def reranker(route: str, *, own_activation: bool = True) -> Callable[[ModelInfo]
     return check
 
 
-def pair_units(query: str, documents: Sequence[str], **params: Any) -> list[Unit]:
+def pair_units(
+    query: str, documents: Sequence[str], pair_max_tokens: int | None = None
+) -> list[Unit]:
     """One `logits` unit per (query, document) pair, truncated longest-first at the model's
-    limit from the right, its tokens counted; `params` adds to those (e.g. `pair_max_tokens`)."""
-    unit_params = {"truncate": True, "direction": "right", "count_tokens": True, **params}
-    return [Unit(op=Op.LOGITS, text=query, pair=d, params=unit_params) for d in documents]
+    limit from the right, its tokens counted; each document cut to its first
+    `pair_max_tokens` tokens first where given."""
+    params = PairParams(truncate=True, count_tokens=True, pair_max_tokens=pair_max_tokens)
+    return [Unit(op=Op.LOGITS, text=query, pair=d, params=params) for d in documents]
 
 
 def documents_job(
-    query: str, documents: Sequence[str], finish: Callable[[list[Any]], Any], **params: Any
+    query: str,
+    documents: Sequence[str],
+    finish: Callable[[list[Any]], Any],
+    pair_max_tokens: int | None = None,
 ) -> Job:
-    """The job of ranking `documents` against `query`: `pair_units` (with `params`), answered by
-    `finish`, each unit's errors named `documents[i]`."""
+    """The job of ranking `documents` against `query`: `pair_units`, answered by `finish`,
+    each unit's errors named `documents[i]`."""
     paths = [f"documents[{i}]" for i in range(len(documents))]
-    return Job(pair_units(query, documents, **params), finish, paths)
+    return Job(pair_units(query, documents, pair_max_tokens), finish, paths)
 
 
 def relevance(answers: Sequence[Counted], info: ModelInfo) -> list[float]:

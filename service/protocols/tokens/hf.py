@@ -37,7 +37,7 @@ def _pipeline_task(request: _Request, info: ModelInfo, settings: Settings) -> Jo
     texts_ = _as_list(getattr(request, "inputs"))  # noqa: B009
     if info.mask_token is not None:
         _check_masks(texts_, info.mask_token, _is_list(request))
-    unit_params = pipeline_params(params)
+    unit_params = pipeline_params(params, truncate=settings.truncate)
     units = [Unit(op=Op.PIPELINE, text=t, params=unit_params) for t in texts_]
     finish = (lambda a: a) if _is_list(request) else (lambda a: a[0])
     return Job(units, finish, list_paths(request))

@@ -7,8 +7,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field, RootModel
 
 from service.engine.jobs import Job, Op, Unit
+from service.engine.params import TokenParams
 from service.engine.types import ModelInfo
-from service.protocols.embedding.common import embedding_params
+from service.protocols.embedding.common import prompt_for
 from service.protocols.schemas import (
     PromptName,
     Texts,
@@ -50,18 +51,17 @@ class DecodeResponse(RootModel[list[str]]):
 
 def _tokenize(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     r: TokenizeRequest = _parsed(TokenizeRequest, body, content_type, "/tokenize", s)
-    prompt = embedding_params(info, truncate=None, direction=None, prompt_name=r.prompt_name)
-    params = {
-        "add_special_tokens": r.add_special_tokens is not False,
-        "prompt_name": prompt["prompt_name"],
-    }
+    params = TokenParams(
+        add_special_tokens=r.add_special_tokens is not False,
+        prompt_name=prompt_for(info, r.prompt_name),
+    )
     return Job(units(Op.TOKENIZE, r.inputs, params))
 
 
 def _decode(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     r: DecodeRequest = _parsed(DecodeRequest, body, content_type, "/decode", s)
     lists: list[Any] = [r.ids] if _is_ids(r.ids) else list(r.ids)
-    params = {"skip_special_tokens": r.skip_special_tokens is not False}
+    params = TokenParams(skip_special_tokens=r.skip_special_tokens is not False)
     return Job([Unit(op=Op.DECODE, ids=tuple(ids), params=params) for ids in lists])
 
 
