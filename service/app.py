@@ -25,7 +25,7 @@ from service.log import configure_logging
 from service.protocols.routes import INFERENCE_PATHS, ROUTES
 from service.protocols.serving import json_response
 from service.runtime.runtime import Runtime
-from service.settings import Settings, load_settings
+from service.settings import Settings, process_settings
 
 
 def _error_body(request: Request, exc: ServiceError) -> Response:
@@ -56,7 +56,7 @@ class Service(Starlette):
 def create_app(settings: Settings | None = None, engine_factory: Any = load_engine) -> Service:
     """The ASGI app. `settings` default: read from the environment (exits on a bad value
     through the CLI); `engine_factory(settings) -> Engine` is replaceable for tests."""
-    settings = settings or load_settings()
+    settings = settings or process_settings()
     configure_logging(settings.log_level, settings.log_format)
     runtime = Runtime(settings, Inference(settings, engine_factory))
     admission = AdmissionPolicy(runtime, INFERENCE_PATHS)

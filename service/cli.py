@@ -16,7 +16,13 @@ from typing import NoReturn
 
 from service.engine.loading.cpu_threads import set_openmp_wait
 from service.engine.loading.load import preflight
-from service.settings import SettingsError, export_flags, load_settings, setting_names
+from service.settings import (
+    SettingsError,
+    export_flags,
+    library_defaults,
+    process_settings,
+    setting_names,
+)
 
 PROG = "pipeline-server"
 
@@ -56,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     command = args.pop("command", None) or "serve"
     export_flags(args)  # only the flags given (argparse.SUPPRESS leaves the others out)
     try:
-        settings = load_settings()  # fail here, in one line, before gunicorn starts
+        settings = process_settings()  # fail here, in one line, before gunicorn starts
         preflight(settings)
     except (SettingsError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -71,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
         return
     # Tokenizers' Rust thread pool is unsafe across fork (gunicorn forks the worker).
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    library_defaults({"TOKENIZERS_PARALLELISM": "false"})
     set_openmp_wait()  # torch's threads' spin; before the worker imports torch (libgomp)
     argv_ = [sys.executable, "-m", "gunicorn", "--config", "python:service.gunicorn_conf"]
     os.execv(sys.executable, argv_)

@@ -16,9 +16,9 @@ from gunicorn.glogging import Logger
 
 from service import load_failure
 from service.log import configure_logging
-from service.settings import load_settings
+from service.settings import hand_down, process_settings
 
-_settings = load_settings()
+_settings = process_settings()
 _DRAIN_MARGIN_S = 5
 
 bind = [
@@ -55,15 +55,15 @@ logger_class = JsonLogger
 
 def on_starting(server: Any) -> None:
     """In the master, before any worker: where a worker whose model cannot load records why
-    (`service.load_failure`); forked workers inherit the variable."""
+    (`service.load_failure`), handed down in the settings the forked worker inherits."""
     fd, path = tempfile.mkstemp(prefix="pipeline-server-load-")
     os.close(fd)
-    os.environ[load_failure.FILE_ENV] = path
+    hand_down(load_failure_file=path)
 
 
 def on_exit(server: Any) -> None:
     """gunicorn's last hook: a model that could not load is said again, as the last line."""
-    path = os.environ.get(load_failure.FILE_ENV)
+    path = process_settings().load_failure_file
     line = load_failure.recorded(path)
     if line is not None:
         server.log.error(line)

@@ -24,9 +24,6 @@ from service import log
 
 _log = structlog.get_logger("service.batcher")
 
-#: Set by gunicorn's master (`service.gunicorn_conf`): where the worker records its failure.
-#: Unset (tests in process), a failed load keeps the process and turns `/livez` to 503.
-FILE_ENV = "PIPELINE_SERVER_LOAD_FAILURE_FILE"
 WORKER_BOOT_ERROR = 3  # gunicorn's Arbiter.WORKER_BOOT_ERROR: the master halts with it
 _MAX_CHARS = 200  # the line's message; a JSON log line stays under 300 characters
 _ERROR_LINE = re.compile(r"^\s*[A-Za-z_.]*(?:Error|Exception): (.+)$")
@@ -54,10 +51,10 @@ def report(model_id: str | None, exc: BaseException) -> str:
     return line
 
 
-def record_and_exit(line: str) -> None:
-    """Under gunicorn: record `line` for the master and end the worker (status 3) at once; no
-    return. Elsewhere (no FILE_ENV): return, leaving the caller's failed state in place."""
-    path = os.environ.get(FILE_ENV)
+def record_and_exit(line: str, path: str | None) -> None:
+    """Under gunicorn (`path`: the settings' `load_failure_file`): record `line` there for the
+    master and end the worker (status 3) at once; no return. Elsewhere (None): return, leaving
+    the caller's failed state in place."""
     if not path:
         return
     Path(path).write_text(line, encoding="utf-8")

@@ -1,13 +1,18 @@
 """Settings: read once from unprefixed environment variables (as TEI does), validated, frozen.
 
 Names and defaults are the configuration table of docs/operations.md. A bad value stops the
-start with one line naming the variable (`SettingsError`).
+start with one line naming the variable (`SettingsError`). Each process reads them once
+(`process_settings`) and hands them down; gunicorn's worker, forked from the master, has the
+master's. The environment is read and written here only: the settings, and the defaults the
+libraries the server runs read at their own start (`library_defaults`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -122,6 +127,10 @@ class Settings(BaseSettings):
 
     # Test-only: seconds of sleep added to the model load, to exercise readiness and probes.
     model_load_delay_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # Not a user's setting (no flag): the file where a gunicorn worker whose model cannot
+    # load writes why, for the master to say last (`service.load_failure`). Set by the master
+    # before it forks the worker (`hand_down`).
+    load_failure_file: str | None = None
 
     # The HTTP edge (service.http): limits applied before the app sees a request.
     # The request line, header lines and the final CRLF CRLF, in bytes (431 above it); Go's
@@ -222,10 +231,61 @@ def load_settings() -> Settings:
         raise SettingsError(f"invalid setting {name}: {msg}{given}") from None
 
 
+#: Fields the server sets for itself, not flags.
+INTERNAL = frozenset({"load_failure_file"})
+
+
 def setting_names() -> dict[str, str]:
     """Each setting's command-line flag and its environment variable: `{"--model-id":
-    "MODEL_ID", ...}`, from the `Settings` fields."""
-    return {f"--{name.replace('_', '-')}": name.upper() for name in Settings.model_fields}
+    "MODEL_ID", ...}`, from the `Settings` fields (less `INTERNAL`)."""
+    return {
+        f"--{name.replace('_', '-')}": name.upper()
+        for name in Settings.model_fields
+        if name not in INTERNAL
+    }
+
+
+class _Process:
+    """This process's settings, read once (`process_settings`)."""
+
+    settings: Settings | None = None
+
+
+def process_settings() -> Settings:
+    """This process's settings: read from the environment the first time (`load_settings`:
+    raises `SettingsError`), the same object after that. A forked worker has its master's."""
+    if _Process.settings is None:
+        _Process.settings = load_settings()
+    return _Process.settings
+
+
+def hand_down(**changes: str | None) -> Settings:
+    """This process's settings with `changes` (`INTERNAL` fields), for the processes it forks."""
+    unknown = set(changes) - INTERNAL
+    if unknown:
+        raise ValueError(f"only the server's own fields are handed down, not {sorted(unknown)}")
+    _Process.settings = process_settings().model_copy(update=changes)
+    return _Process.settings
+
+
+def library_defaults(
+    defaults: Mapping[str, str],
+    unless: tuple[str, ...] = (),
+    environ: MutableMapping[str, str] | None = None,
+) -> None:
+    """Set each of `defaults` in `environ` (this process's environment, which the processes it
+    starts inherit) where it is not set, and none of them where one of `unless` is: variables
+    libraries read at their own start (libgomp, oneDNN, tokenizers); an operator's win."""
+    target = os.environ if environ is None else environ
+    if any(name in target for name in unless):
+        return
+    for name, value in defaults.items():
+        target.setdefault(name, value)
+
+
+def cache_home() -> Path:
+    """`$XDG_CACHE_HOME`, else `~/.cache` (the image sets XDG_CACHE_HOME=/cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def export_flags(values: dict[str, str]) -> None:

@@ -251,3 +251,21 @@ def test_nothing_above_the_engine_reaches_past_its_face() -> None:
     assert not reaching, "modules above the engine importing its batching:\n" + "\n".join(reaching)
     assert engine_room("service.engine.loading.choice.ranking") == "loading"
     assert "service.engine.face" in graph()["service.runtime.runtime"]
+
+
+def test_the_environment_is_read_and_written_in_settings_only() -> None:
+    """Settings are read once per process and handed down: no module but `service.settings`
+    reads or writes `os.environ` (or `os.getenv`, `os.putenv`)."""
+    touching = []
+    for path in sorted(SERVICE.rglob("*.py")):
+        if path == SERVICE / "settings.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+                and node.attr in ("environ", "getenv", "putenv", "unsetenv")
+            ):
+                touching.append(f"{path.relative_to(SERVICE.parent)}:{node.lineno} os.{node.attr}")
+    assert not touching, "the environment touched outside settings.py:\n" + "\n".join(touching)

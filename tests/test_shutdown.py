@@ -23,6 +23,8 @@ import load
 import pytest
 from helpers import ServerProcess
 
+from service import settings as settings_module
+
 LONG = " ".join(["paris is the capital of france"] * 80)  # about 480 tokens
 # Transport errors a request may meet once the server stops listening; the request never
 # reached the app (checked against the log).
@@ -193,6 +195,7 @@ def test_gunicorn_waits_longer_than_the_drain(monkeypatch: pytest.MonkeyPatch, d
     """gunicorn's graceful timeout covers DRAIN_TIMEOUT_S plus the last batch and the exit, so
     it never kills a worker that is still answering what it accepted."""
     monkeypatch.setenv("DRAIN_TIMEOUT_S", drain)
+    monkeypatch.setattr(settings_module._Process, "settings", None)  # a fresh process's
     conf = importlib.reload(importlib.import_module("service.gunicorn_conf"))
     assert conf.graceful_timeout >= float(drain) + 3
     assert conf.timeout == 30  # the default worker timeout stays (C17: the load is off the loop)

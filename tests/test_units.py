@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from service import settings as settings_module
 from service.engine.batching.cost import ServiceTimeEstimate
 from service.engine.jobs import Job, Op
 from service.engine.loading.cpu_threads import cpu_quota, default_torch_threads, set_openmp_wait
@@ -19,7 +20,15 @@ from service.errors import (
     UnsupportedMediaType,
 )
 from service.protocols import inference_api
-from service.settings import Settings, SettingsError, load_settings
+from service.settings import (
+    Settings,
+    SettingsError,
+    hand_down,
+    library_defaults,
+    load_settings,
+    process_settings,
+    setting_names,
+)
 
 JSON = "application/json"
 
@@ -245,3 +254,31 @@ def test_openmp_threads_spin_briefly_unless_the_environment_chose() -> None:
         chosen = dict(mine)
         set_openmp_wait(chosen)
         assert chosen == mine
+
+
+def test_a_process_reads_its_settings_once_and_hands_them_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first `process_settings` reads the environment; later calls (a forked worker's
+    `create_app`, the edge) get the same object, whatever the environment says since; only the
+    server's own fields are handed down."""
+    monkeypatch.setattr(settings_module._Process, "settings", None)
+    monkeypatch.setenv("MAX_BATCH_SIZE", "7")
+    first = process_settings()
+    monkeypatch.setenv("MAX_BATCH_SIZE", "9")
+    assert process_settings() is first and first.max_batch_size == 7
+    handed = hand_down(load_failure_file="/tmp/why")
+    assert process_settings() is handed
+    assert (handed.load_failure_file, handed.max_batch_size) == ("/tmp/why", 7)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        hand_down(max_batch_size="3")
+    assert "--load-failure-file" not in setting_names()
+
+
+def test_library_defaults_leave_an_operators_values() -> None:
+    env = {"TOKENIZERS_PARALLELISM": "true"}
+    library_defaults({"TOKENIZERS_PARALLELISM": "false", "A": "1"}, environ=env)
+    assert env == {"TOKENIZERS_PARALLELISM": "true", "A": "1"}
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    library_defaults({"GOMP_SPINCOUNT": "2000"}, unless=("OMP_WAIT_POLICY",), environ=env)
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from service.settings import cache_home
+
 OPSET = 17
 FORMAT = 1  # bumped when what we export changes (inputs, outputs, options)
 GRAPH_NAME = "model.onnx"
@@ -30,8 +32,7 @@ GRAPH_NAME = "model.onnx"
 
 def cache_root() -> Path:
     """`$XDG_CACHE_HOME/pipeline-server/onnx` (the image sets XDG_CACHE_HOME=/cache)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pipeline-server" / "onnx"
+    return cache_home() / "pipeline-server" / "onnx"
 
 
 def own_graph(folder: Path) -> Path | None:

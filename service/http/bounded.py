@@ -44,7 +44,7 @@ from service.http.framing import Framer, Step
 from service.http.head_deadline import HeadDeadline
 from service.http.refusals import Refusal, answer, record, throttled
 from service.runtime import connection
-from service.settings import Settings, load_settings
+from service.settings import Settings, process_settings
 
 log = structlog.get_logger("service.edge")
 
@@ -57,11 +57,6 @@ _LINGER_S = 2.0
 # `_LINGER_MIN_BYTES`): a client sending far more is reset rather than read.
 _LINGER_BODIES = 4
 _LINGER_MIN_BYTES = 256 * 1024
-
-
-@functools.cache
-def _env_settings() -> Settings:
-    return load_settings()
 
 
 class _AnswerTransport(asyncio.Transport):
@@ -188,7 +183,7 @@ class BoundedProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        settings = self.settings or _env_settings()
+        settings = self.settings or process_settings()
         self._max_connections = settings.max_connections
         self._framer = Framer(settings.max_request_head_bytes)
         self._linger_bytes = max(_LINGER_BODIES * settings.max_body_bytes, _LINGER_MIN_BYTES)

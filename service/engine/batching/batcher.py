@@ -141,7 +141,9 @@ class Batcher:
             line = load_failure.report(self.settings.model_id, exc)  # the line, the traceback
             self._mark_failed("model failed to load")
             self.forming.fail_all(lambda: Draining("the model failed to load", retry_after_s=30))
-            load_failure.record_and_exit(line)  # under gunicorn: the process ends (status 3)
+            load_failure.record_and_exit(
+                line, self.settings.load_failure_file
+            )  # under gunicorn: the process ends (status 3)
             return
         try:
             while not self._stop.is_set():

@@ -11,6 +11,8 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from service.settings import library_defaults
+
 _CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -63,6 +65,4 @@ SPIN_COUNT = "2000"
 def set_openmp_wait(environ: MutableMapping[str, str] | None = None) -> None:
     """Set ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` in ``environ`` (default ``os.environ``)
     unless it sets ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` itself."""
-    target = os.environ if environ is None else environ
-    if "GOMP_SPINCOUNT" not in target and "OMP_WAIT_POLICY" not in target:
-        target["GOMP_SPINCOUNT"] = SPIN_COUNT
+    library_defaults({"GOMP_SPINCOUNT": SPIN_COUNT}, unless=("OMP_WAIT_POLICY",), environ=environ)

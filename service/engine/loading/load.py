@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,7 @@ from service.engine.multi_vector.load import multi_vector_engine
 from service.engine.pooling import outputs
 from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import Engine, ModelInfo, Output
-from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings
+from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings, library_defaults
 
 if TYPE_CHECKING:
     from transformers import Pipeline
@@ -150,8 +149,7 @@ KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512", "LRU_CACHE_CAPACITY":
 def load_engine(settings: Settings) -> Engine:
     """Build the pipeline (this takes seconds: inference thread only) and return the engine
     that serves its task (`EncoderEngine` or `PipelineEngine`)."""
-    for name, capacity in KERNEL_CACHES.items():
-        os.environ.setdefault(name, capacity)
+    library_defaults(KERNEL_CACHES)
     import torch
     from transformers import pipeline
     from transformers.utils import logging as hf_logging
