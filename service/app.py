@@ -16,13 +16,13 @@ from starlette.responses import Response
 from service.admission.policy import AdmissionPolicy
 from service.engine.face import Inference
 from service.engine.loading.load import load_engine
-from service.errors import MethodNotAllowed, NotFound, ServiceError, error_content
+from service.errors import MethodNotAllowed, NotFound, ServiceError
 from service.http import context
 from service.http.context import RequestContext
 from service.http.direct import DirectRoutes, post_handlers
 from service.http.gate import AdmissionGate
 from service.log import configure_logging
-from service.protocols.routes import INFERENCE_PATHS, ROUTES
+from service.protocols.routes import INFERENCE_PATHS, ROUTES, envelope_of
 from service.protocols.serving import json_response
 from service.runtime.runtime import Runtime
 from service.settings import Settings, process_settings
@@ -31,7 +31,7 @@ from service.settings import Settings, process_settings
 def _error_body(request: Request, exc: ServiceError) -> Response:
     context.note_error(exc)  # the request's log line says why
     request_id = request.scope.get("state", {}).get("request_id", "")
-    content = error_content(request.scope["path"], exc, request_id)
+    content = envelope_of(request.scope["path"]).content(exc, request_id)
     return json_response(content, exc.status, exc.headers)
 
 
@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, engine_factory: Any = load_engi
     settings = settings or process_settings()
     configure_logging(settings.log_level, settings.log_format)
     runtime = Runtime(settings, Inference(settings, engine_factory))
-    admission = AdmissionPolicy(runtime, INFERENCE_PATHS)
+    admission = AdmissionPolicy(runtime, {path: envelope_of(path) for path in INFERENCE_PATHS})
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,18 +1,16 @@
 """Error types with data (status, error_type, headers), and the one place that maps them to HTTP.
 
 Every error body is `{"error": ..., "error_type": ..., "request_id": ...}` (docs/api.md, Errors),
-except on the OpenAI-style routes (`/v1/*`), which answer OpenAI's envelope, and Cohere's
-(`/v2/*`), which answer Cohere's body (`error_content`).
+except where a route's dialect has its own (`Envelope`: OpenAI's, Cohere's); each route names
+its envelope (`service.protocols.routes.envelope_of`).
 Messages are for humans and never hold paths, exception text from the model, or stack traces.
 """
 
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from typing import Any, ClassVar
-
-OPENAI_PREFIX = "/v1/"
-COHERE_PREFIX = "/v2/"
 
 
 class ServiceError(Exception):
@@ -99,20 +97,29 @@ class InferenceFailed(ServiceError):
     status, error_type = 500, "inference_failed"
 
 
-def error_content(path: str, error: ServiceError, request_id: str) -> dict[str, Any]:
-    """The error body for a request to `path`: ours; on `/v1/*` OpenAI's envelope
-    `{"error": {"message", "type", "param", "code"}}` (the openai SDK reads `error.message`;
-    `code` is the HTTP status, as vLLM and TEI answer; the request id stays in `X-Request-ID`),
-    which vLLM's `/v1/rerank` answers too; on `/v2/*` Cohere's `{"id", "message"}`."""
-    if path.startswith(COHERE_PREFIX):
-        return {"id": request_id, "message": error.message}
-    if path.startswith(OPENAI_PREFIX):
-        return {
-            "error": {
-                "message": error.message,
-                "type": error.error_type,
-                "param": None,
-                "code": error.status,
+class Envelope(StrEnum):
+    """The shape of an error body: ours, or a dialect's own."""
+
+    #: `{"error", "error_type", "request_id"}`.
+    SERVICE = "service"
+    #: `{"error": {"message", "type", "param", "code"}}`: the openai SDK reads `error.message`;
+    #: `code` is the HTTP status, as vLLM and TEI answer (vLLM's `/v1/rerank` too); the request
+    #: id stays in `X-Request-ID`.
+    OPENAI = "openai"
+    #: `{"id", "message"}`: what the cohere SDK reads.
+    COHERE = "cohere"
+
+    def content(self, error: ServiceError, request_id: str) -> dict[str, Any]:
+        """The body of `error` in this envelope."""
+        if self is Envelope.COHERE:
+            return {"id": request_id, "message": error.message}
+        if self is Envelope.OPENAI:
+            return {
+                "error": {
+                    "message": error.message,
+                    "type": error.error_type,
+                    "param": None,
+                    "code": error.status,
+                }
             }
-        }
-    return {"error": error.message, "error_type": error.error_type, "request_id": request_id}
+        return {"error": error.message, "error_type": error.error_type, "request_id": request_id}

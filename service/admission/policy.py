@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, TypeVarTuple
@@ -42,7 +42,7 @@ from service import metrics
 from service.admission.api_key import authorized
 from service.admission.budget import ShedBudget, longest_hold
 from service.admission.tarpit import Tarpit, request_key
-from service.errors import Overloaded, ServiceError, Unavailable, error_content
+from service.errors import Envelope, Overloaded, ServiceError, Unavailable
 from service.runtime.runtime import Runtime, arrival
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
@@ -84,13 +84,14 @@ def _ticket(scope: Scope) -> _Ticket | None:
 
 
 class AdmissionPolicy:
-    """Admission for the routes in `paths` (`POST`s that submit model work); `runtime` gives
-    readiness, the deadline, the queue and its cost model. The loop's thread only."""
+    """Admission for the routes in `envelopes` (`POST`s that submit model work, each with the
+    envelope of its error bodies); `runtime` gives readiness, the deadline, the queue and its
+    cost model. The loop's thread only."""
 
-    def __init__(self, runtime: Runtime, paths: frozenset[str]) -> None:
+    def __init__(self, runtime: Runtime, envelopes: Mapping[str, Envelope]) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
-        self.paths = paths
+        self.envelopes = envelopes
         self._tarpit = Tarpit() if self.settings.shed_tarpit else None
         share = self.settings.shed_budget_share
         self.budget = ShedBudget(share, self._room) if share > 0 else None
@@ -120,7 +121,7 @@ class AdmissionPolicy:
         """The headers of a request this policy may shed from its head: a `POST` to one of
         `paths`, authorized when an API key is set; None for any other (the app answers it:
         an unauthorized one gets its route's 401)."""
-        if scope["method"] != "POST" or scope["path"] not in self.paths:
+        if scope["method"] != "POST" or scope["path"] not in self.envelopes:
             return None
         if not authorized(scope["headers"], self.settings.api_key):
             return None
@@ -237,7 +238,7 @@ class AdmissionPolicy:
         metrics.count_shed(error)
         if self._tarpit is not None and isinstance(error, Overloaded):
             self._tarpit.remember(request_key(scope), float(error.headers["Retry-After"]))
-        answer = _answer(scope["path"], error, request_id)
+        answer = _answer(self.envelopes[scope["path"]], error, request_id)
         if in_app:
             self._charge_app(scope)
         return answer
@@ -274,9 +275,9 @@ class AdmissionPolicy:
         return self.runtime.inference.room_by(deadline)
 
 
-def _answer(path: str, error: Unavailable, request_id: str) -> Answer:
-    """A shed's answer: the service's error body (`errors.error_content`) and `Retry-After`."""
-    body = orjson.dumps(error_content(path, error, request_id))
+def _answer(envelope: Envelope, error: Unavailable, request_id: str) -> Answer:
+    """A shed's answer: its route's error body and `Retry-After`."""
+    body = orjson.dumps(envelope.content(error, request_id))
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

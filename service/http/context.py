@@ -17,9 +17,9 @@ import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
-from service.errors import ServiceError, error_content
+from service.errors import ServiceError
 from service.log import event_line
-from service.protocols.routes import ROUTES
+from service.protocols.routes import ROUTES, envelope_of
 from service.protocols.serving import json_response
 
 log = structlog.get_logger("service.app")
@@ -140,7 +140,7 @@ class RequestContext:
     @staticmethod
     async def _internal_error(path: str, request_id: str, send: Send) -> None:
         error = ServiceError("internal error; see the server log")  # status 500, internal_error
-        response = json_response(error_content(path, error, request_id), 500)
+        response = json_response(envelope_of(path).content(error, request_id), 500)
         await response({"type": "http"}, _no_receive, send)
 
 

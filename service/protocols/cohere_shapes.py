@@ -3,7 +3,7 @@ base, the answer's `id` and `meta`, and the error body.
 
 The `cohere` SDK (7.x, `cohere.ClientV2(base_url=...)`) is the spec: its generated types
 (`cohere/types/`, `cohere/v2/types/`) name every field. Errors on `/v2/*` answer Cohere's body
-`{"id", "message"}` (`service.errors.error_content`): the SDK raises its `ApiError` subclass for
+`{"id", "message"}` (`service.errors.Envelope.COHERE`): the SDK raises its `ApiError` subclass for
 the status (`BadRequestError`, `UnprocessableEntityError`, `ServiceUnavailableError`, ...) with
 that body, and the request id stays in `X-Request-ID`.
 """

@@ -7,9 +7,9 @@ deployment where the models mark it (`service.protocols.schemas`: the `x-*` keys
 MAX_CLIENT_BATCH_SIZE as `maxItems` of input lists, the model's prompt names (and on an
 embedding model the input types) as the `prompt_name` enum, the width it emits as the
 `dimensions` maximum, its vocabulary as the token-id maximum. Every operation lists its error
-answers (ours, OpenAI's envelope on /v1, a dialect's own where its `Endpoint.error` says, e.g.
-Cohere's on /v2) with `Retry-After` on 503. Built once per loaded model. `X-Request-Timeout` (a
-shorter deadline) is described, not listed as a parameter.
+answers in its route's envelope (`Endpoint.envelope`: ours, OpenAI's, Cohere's) with
+`Retry-After` on 503. `X-Request-Timeout` (a shorter deadline) is described, not listed as a
+parameter.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from service.engine.types import ModelInfo, Output
+from service.errors import Envelope
 from service.protocols import inference_api, schemas
+from service.protocols.cohere_shapes import CohereError
 from service.protocols.embedding.common import prompt_names
 from service.protocols.openai_shapes import ModelList, OpenAIErrorResponse
 from service.protocols.serving import Endpoint
@@ -69,15 +71,19 @@ class Status(BaseModel):
     status: str
 
 
-_cached: tuple[ModelInfo, bytes] | None = None
+#: Each envelope's error body model.
+_ERROR_MODELS: dict[Envelope, type[BaseModel]] = {
+    Envelope.SERVICE: ErrorResponse,
+    Envelope.OPENAI: OpenAIErrorResponse,
+    Envelope.COHERE: CohereError,
+}
+
+Refs = dict[tuple[Any, JsonSchemaMode], dict[str, Any]]  # pydantic's: a model, its mode -> $ref
 
 
 def document_bytes(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> bytes:
-    """The document as JSON, built once per loaded model."""
-    global _cached
-    if _cached is None or _cached[0] is not info:
-        _cached = (info, orjson.dumps(document(info, settings, endpoints)))
-    return _cached[1]
+    """The document as JSON."""
+    return orjson.dumps(document(info, settings, endpoints))
 
 
 def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> dict[str, Any]:
@@ -90,15 +96,45 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
         *((requests[e.path], "validation") for e in served),
         (inference_api.answer_model(info), "serialization"),
         *((e.response, "serialization") for e in served),
-        (ErrorResponse, "serialization"),
-        (OpenAIErrorResponse, "serialization"),
+        *((m, "serialization") for m in _ERROR_MODELS.values()),
         (ModelList, "serialization"),
         (Status, "serialization"),
     ]
-    wanted += [(m, "serialization") for m in {e.error for e in served if e.error is not None}]
     refs, defs = models_json_schema(wanted, ref_template=_REF)
     components = _specialize(defs.get("$defs", {}), info, settings)
     secured = settings.api_key is not None
+    paths = _model_paths(info, served, requests, refs, secured)
+    for path in ("/", "/embed", "/v1/embeddings", "/v2/embed"):
+        if path in paths and info.output is Output.POOLED:
+            paths[path]["post"]["responses"]["200"]["headers"]["Warning"] = _WARNING
+    paths.update(_own_routes(refs, secured))
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "pipeline-server",
+            "version": _version(),
+            "description": (
+                f"Serves one {info.task} model. Deadlines: REQUEST_TIMEOUT_S "
+                f"({settings.request_timeout_s:g} s), or less with `X-Request-Timeout: <seconds>`."
+            ),
+        },
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+    if secured:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc
+
+
+def _model_paths(
+    info: ModelInfo,
+    served: Sequence[Endpoint],
+    requests: dict[str, type[BaseModel]],
+    refs: Refs,
+    secured: bool,
+) -> dict[str, Any]:
+    """The operations of `POST /` and of each route in `served`."""
+    hf_requests = inference_api.request_models(info)
     root_errors = (*_MODEL_ERRORS, 424) if info.task == "feature-extraction" else _MODEL_ERRORS
     paths: dict[str, Any] = {}
     if info.output is not Output.MULTI_VECTOR:  # token vectors: POST / answers 424 there
@@ -122,30 +158,10 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
                 refs[(e.response, "serialization")],
                 errors=_MODEL_ERRORS,
                 secured=secured,
-                openai=e.path.startswith("/v1/"),
-                error=e.error,
+                envelope=e.envelope,
             )
         }
-    for path in ("/", "/embed", "/v1/embeddings", "/v2/embed"):
-        if path in paths and info.output is Output.POOLED:
-            paths[path]["post"]["responses"]["200"]["headers"]["Warning"] = _WARNING
-    paths.update(_own_routes(refs, secured))
-    doc: dict[str, Any] = {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "pipeline-server",
-            "version": _version(),
-            "description": (
-                f"Serves one {info.task} model. Deadlines: REQUEST_TIMEOUT_S "
-                f"({settings.request_timeout_s:g} s), or less with `X-Request-Timeout: <seconds>`."
-            ),
-        },
-        "paths": paths,
-        "components": {"schemas": components},
-    }
-    if secured:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-    return doc
+    return paths
 
 
 def _raw_text(info: ModelInfo) -> dict[str, Any]:
@@ -165,8 +181,7 @@ def _operation(
     *,
     errors: Sequence[int],
     secured: bool,
-    openai: bool = False,
-    error: type[BaseModel] | None = None,
+    envelope: Envelope = Envelope.SERVICE,
     raw_text: dict[str, Any] | None = None,
     media: str = "application/json",
 ) -> dict[str, Any]:
@@ -179,7 +194,7 @@ def _operation(
                 "headers": {"X-Request-ID": _HEADER_ID},
                 "content": {media: {"schema": answer}},
             },
-            **_error_responses(errors, secured=secured, openai=openai, error=error),
+            **_error_responses(errors, secured=secured, envelope=envelope),
         },
     }
     if request is not None:
@@ -193,10 +208,9 @@ def _operation(
 
 
 def _error_responses(
-    statuses: Sequence[int], *, secured: bool, openai: bool, error: type[BaseModel] | None = None
+    statuses: Sequence[int], *, secured: bool, envelope: Envelope
 ) -> dict[str, Any]:
-    name = error.__name__ if error else "OpenAIErrorResponse" if openai else "ErrorResponse"
-    schema = {"$ref": _REF.format(model=name)}
+    schema = {"$ref": _REF.format(model=_ERROR_MODELS[envelope].__name__)}
     out = {}
     for status in sorted({*statuses, *((401,) if secured else ())}):
         headers: dict[str, Any] = {"X-Request-ID": _HEADER_ID}
@@ -244,14 +258,15 @@ def _own_routes(refs: dict[Any, dict[str, Any]], secured: bool) -> dict[str, Any
             "The served model (OpenAI)",
             refs[(ModelList, "serialization")],
             (503, 500),
-            openai=True,
+            envelope=Envelope.OPENAI,
         ),
     }
     for path in ("/info", "/v1/models"):
         op = routes[path]["get"]
         if secured:
             op["security"] = [{"bearer": []}]
-            op["responses"].update(_error_responses((401,), secured=True, openai=path != "/info"))
+            envelope = Envelope.SERVICE if path == "/info" else Envelope.OPENAI
+            op["responses"].update(_error_responses((401,), secured=True, envelope=envelope))
     return routes
 
 

@@ -11,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from service.engine.types import ModelInfo
+from service.errors import Envelope
 from service.protocols import inference_api, openai_shapes, openapi
 from service.protocols.classification import tei as classification_tei
 from service.protocols.embedding import cohere as embedding_cohere
@@ -39,6 +41,22 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 #: Routes that submit model work: admission sheds them before the body is read
 #: (`service.admission.policy`).
 INFERENCE_PATHS = frozenset({"/", *(e.path for e in ENDPOINTS)})
+#: Each route's error envelope where it is not ours: its Endpoint's, and OpenAI's models list.
+ENVELOPES = {
+    **{e.path: e.envelope for e in ENDPOINTS if e.envelope is not Envelope.SERVICE},
+    "/v1/models": Envelope.OPENAI,
+}
+#: A path no route serves answers 404 in the envelope of the dialect its prefix names (an
+#: OpenAI client that asks `/v1/nothing` reads OpenAI's).
+_PREFIXES = (("/v1/", Envelope.OPENAI), ("/v2/", Envelope.COHERE))
+
+
+def envelope_of(path: str) -> Envelope:
+    """The error envelope of a request to `path`."""
+    found = ENVELOPES.get(path)
+    if found is not None:
+        return found
+    return next((e for prefix, e in _PREFIXES if path.startswith(prefix)), Envelope.SERVICE)
 
 
 async def infer(request: Request) -> Response:
@@ -58,8 +76,12 @@ async def openapi_json(request: Request) -> Response:
     """The OpenAPI document of this deployment's routes; 503 while the model loads (the routes
     depend on its task). Public, like /metrics: it names the task, not the model."""
     runtime = runtime_of(request)
-    body = openapi.document_bytes(runtime.model_info(), runtime.settings, ENDPOINTS)
-    return Response(body, media_type="application/json")
+    info = runtime.model_info()
+    state = request.app.state  # built once per loaded model
+    cached: tuple[ModelInfo, bytes] | None = getattr(state, "openapi", None)
+    if cached is None or cached[0] is not info:
+        cached = state.openapi = (info, openapi.document_bytes(info, runtime.settings, ENDPOINTS))
+    return Response(cached[1], media_type="application/json")
 
 
 async def readyz(request: Request) -> Response:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from service.admission.api_key import authorized
 from service.engine.jobs import Job, Op
 from service.engine.types import ModelInfo, Output
-from service.errors import Unauthorized, WrongTask
+from service.errors import Envelope, Unauthorized, WrongTask
 from service.runtime.body import header
 from service.runtime.runtime import ClientGone, Runtime
 from service.settings import Settings
@@ -38,8 +38,7 @@ class Endpoint:
 
     `adapter` runs `check` before `parse`, so a client on the wrong route hears which task the
     model serves before anything about its body; the document lists only the routes whose
-    `check` passes. `error`: the model of its error body where it is its dialect's own (None:
-    ours, or OpenAI's envelope on `/v1/*`; `service.errors.error_content` answers it)."""
+    `check` passes. `envelope`: the shape of its error bodies (its dialect's)."""
 
     path: str
     summary: str
@@ -47,7 +46,7 @@ class Endpoint:
     check: Callable[[ModelInfo], None]
     request: type[Any]
     response: type[Any]
-    error: type[Any] | None = None
+    envelope: Envelope = Envelope.SERVICE
     # The request model /openapi.json shows for these settings, where it differs from
     # `request` (which parses): OpenAI's `input` without token ids while they are refused.
     documented: Callable[[Settings], type[Any]] | None = None

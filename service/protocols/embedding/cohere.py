@@ -31,6 +31,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 from service.engine.jobs import Counted, Job, Op, Unit
 from service.engine.params import Side
 from service.engine.types import ModelInfo
+from service.errors import Envelope
 from service.protocols import cohere_shapes
 from service.protocols.embedding.common import dimension_warning, embedding_params
 from service.protocols.encodings import encode_all
@@ -129,6 +130,6 @@ ENDPOINTS = (
         check=needs(Op.EMBED, "/v2/embed"),
         request=CohereEmbedRequest,
         response=CohereEmbedResponse,
-        error=cohere_shapes.CohereError,
+        envelope=Envelope.COHERE,
     ),
 )

@@ -17,7 +17,7 @@ format, and decodes itself) is each vector's little-endian float32 bytes in base
 (`service.protocols.encodings`). `model` is accepted and the answer names our served model
 (`info.served_name`); `user` is accepted and ignored. `usage` counts the tokens each input took
 with this model's tokenizer (after truncation), counted in the inference thread. Errors on
-`/v1/*` use OpenAI's envelope (`service.errors.error_content`).
+`/v1/*` use OpenAI's envelope (`service.errors.Envelope.OPENAI`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.engine.jobs import Counted, Job, Op
 from service.engine.types import ModelInfo
-from service.errors import InvalidInput
+from service.errors import Envelope, InvalidInput
 from service.protocols import tei_shapes
 from service.protocols.embedding.common import dimension_warning, embedding_params
 from service.protocols.encodings import EncodingField, encode_vector
@@ -159,6 +159,7 @@ ENDPOINTS = (
         check=needs(Op.EMBED, "/v1/embeddings"),
         request=EmbeddingsRequest,
         response=EmbeddingsResponse,
+        envelope=Envelope.OPENAI,
         documented=_documented,
     ),
 )

@@ -20,6 +20,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 
 from service.engine.jobs import Counted, Job
 from service.engine.types import ModelInfo
+from service.errors import Envelope
 from service.protocols import cohere_shapes
 from service.protocols.rerank.common import documents_job, ranked, relevance, reranker, tokens
 from service.protocols.schemas import INTEGRAL, NonBlank, decode, inputs_list, validate
@@ -75,6 +76,6 @@ ENDPOINTS = (
         check=reranker("/v2/rerank"),
         request=CohereRerankRequest,
         response=CohereRerankResponse,
-        error=cohere_shapes.CohereError,
+        envelope=Envelope.COHERE,
     ),
 )

@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.engine.jobs import Counted, Job
 from service.engine.types import ModelInfo
+from service.errors import Envelope
 from service.protocols.rerank.common import documents_job, ranked, relevance, reranker, tokens
 from service.protocols.schemas import INTEGRAL, NonBlank, decode, inputs_list, validate
 from service.protocols.schemas import texts as text_inputs
@@ -90,5 +91,6 @@ ENDPOINTS = (
         check=reranker("/v1/rerank"),
         request=RerankDocumentsRequest,
         response=RerankDocumentsResponse,
+        envelope=Envelope.OPENAI,  # vLLM's /v1/rerank answers OpenAI's
     ),
 )
