@@ -169,6 +169,20 @@ def _refusal_for(exc: httptools.HttpParserError) -> Refusal:
     return Refusal(400, "bad_request", f"invalid HTTP request: {exc}")
 
 
+def _framing(headers: Iterable[tuple[bytes, bytes]]) -> tuple[int, bytes | None, int]:
+    """A head's Content-Length (0 without one), its Transfer-Encoding (lower case, or None)
+    and how many Host headers it has."""
+    length, coding, hosts = 0, None, 0
+    for name, value in headers:
+        if name == b"content-length":
+            length = int(value)  # llhttp checked it: digits (and OWS), one header
+        elif name == b"transfer-encoding":
+            coding = value.strip(b" \t").lower()
+        elif name == b"host":
+            hosts += 1
+    return length, coding, hosts
+
+
 class BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the bounds of `settings` (the environment's when the
     class is not given any: `service.http.edge.EdgeProtocol.bound`)."""
@@ -290,14 +304,7 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head.ended()
         self._head_ended = True
-        length, coding, hosts = 0, None, 0
-        for name, value in self.headers:
-            if name == b"content-length":
-                length = int(value)  # llhttp checked it: digits (and OWS), one header
-            elif name == b"transfer-encoding":
-                coding = value.strip(b" \t").lower()
-            elif name == b"host":
-                hosts += 1
+        length, coding, hosts = _framing(self.headers)
         if hosts != 1 or coding is not None:  # (most requests skip the version check)
             _check_framing_headers(self.parser.get_http_version(), hosts, coding)
         self._body = (length, coding is not None)

@@ -189,16 +189,7 @@ class Runtime:
         except ClientDisconnect:
             raise ClientGone() from None
         except TimeoutError:
-            # The body is still arriving: the answer closes the connection (its rest unread).
-            if self._drain_ends_at is not None and self._drain_ends_at <= deadline:
-                draining = Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
-                draining.headers["Connection"] = "close"
-                raise draining from None
-            metrics.EXPIRED.labels("receiving").inc()
-            raise DeadlineExceeded(
-                "the request deadline passed while its body was still arriving",
-                headers={"Connection": "close"},
-            ) from None
+            raise _body_too_late(self._drain_ends_at, deadline) from None
 
     def submit(self, units: Sequence[Unit], deadline: float) -> list[Item]:
         """Queue the units (all or none); raise `Overloaded` (503) to shed them."""
@@ -255,16 +246,36 @@ class Runtime:
             timer.cancel()
             stop_watching()
             self._waiting.discard(waiter)
-        failed = _first_failure(items)
-        if failed is not None:  # one input failed: the request is over,
-            _abandon(items, "request_failed")  # so its other inputs cost nothing
-            _name_the_input(items, failed, paths)
-            raise failed
-        if why != "gone" and all(i.future.done() for i in items):
-            return [i.future.result() for i in items]  # answered, even if at the last moment
-        reason, error = _why_stopped(why == "gone", why == "drain")
-        _abandon(items, reason)
-        raise error
+        return _answers(items, why, paths)
+
+
+def _answers(items: list[Item], why: str, paths: Sequence[str] | None) -> list[Any]:
+    """The items' answers once the wait ended for `why` (`_Waiter`), or what it raises: the
+    first failed input's error (named by its path), else why it stopped."""
+    failed = _first_failure(items)
+    if failed is not None:  # one input failed: the request is over,
+        _abandon(items, "request_failed")  # so its other inputs cost nothing
+        _name_the_input(items, failed, paths)
+        raise failed
+    if why != "gone" and all(i.future.done() for i in items):
+        return [i.future.result() for i in items]  # answered, even if at the last moment
+    reason, error = _why_stopped(why == "gone", why == "drain")
+    _abandon(items, reason)
+    raise error
+
+
+def _body_too_late(drain_ends_at: float | None, deadline: float) -> Exception:
+    """What a body still arriving when its time ran out gets: the drain's end (503) where it
+    came first, else the deadline (504); its answer closes the connection (its rest unread)."""
+    if drain_ends_at is not None and drain_ends_at <= deadline:
+        draining = Draining("drain time is over", retry_after_s=_LOADING_RETRY_S)
+        draining.headers["Connection"] = "close"
+        return draining
+    metrics.EXPIRED.labels("receiving").inc()
+    return DeadlineExceeded(
+        "the request deadline passed while its body was still arriving",
+        headers={"Connection": "close"},
+    )
 
 
 def _abandon(items: list[Item], reason: str) -> None:

@@ -167,12 +167,9 @@ class BatchFormer:
         again to correct that time). Alone in the pool an input always runs."""
         if len(self.pool) < 2 or not last_s:
             return
-        ends = time.monotonic() + last_s
-        doomed = [i for i in self.pool if i.deadline < ends]
+        doomed = _doomed(self.pool, time.monotonic() + last_s)
         if not doomed:
             return
-        if len(doomed) == len(self.pool):
-            doomed.remove(max(doomed, key=lambda i: i.deadline))
         gone = set(map(id, doomed))
         self.pool = [i for i in self.pool if id(i) not in gone]
         for item in doomed:
@@ -243,6 +240,15 @@ class BatchFormer:
         """Answer the pool, the backlog and everything still queued alike."""
         self.pool.extend(self.queue.take_new(0))
         self.fail_pool(error)
+
+
+def _doomed(pool: list[Item], ends: float) -> list[Item]:
+    """The inputs of `pool` whose deadline passes before `ends` (monotonic s), less the one
+    with the latest deadline where that is all of them."""
+    doomed = [i for i in pool if i.deadline < ends]
+    if doomed and len(doomed) == len(pool):
+        doomed.remove(max(doomed, key=lambda i: i.deadline))
+    return doomed
 
 
 def _bulk_tokens(settings: Settings, estimate: ServiceTimeEstimate, *, recent: bool) -> int | None:
