@@ -94,9 +94,10 @@ def _imports(python: Path) -> bool:
 
 
 def flag_encode(python: Path, folder: Path, texts: list[str]) -> dict[str, Any]:
-    """FlagEmbedding's `BGEM3FlagModel(folder, colbert_dim=COLBERT_DIM).encode(texts, return_dense=True,
-    return_sparse=True, return_colbert_vecs=True)` in float32 on the CPU, as JSON: `dense`
-    [n][D], `lexical_weights` [n]{id: weight}, `colbert_vecs` [n][tokens - 1][D]."""
+    """FlagEmbedding's `BGEM3FlagModel(folder, colbert_dim=COLBERT_DIM).encode(texts,
+    return_dense=True, return_sparse=True, return_colbert_vecs=True)` in float32 on the CPU,
+    as JSON: `dense` [n][D], `lexical_weights` [n]{id: weight}, `colbert_vecs`
+    [n][tokens - 1][D]."""
     script = Path(__file__).with_name("m3_reference.py")
     done = subprocess.run(
         [str(python), str(script), str(folder), str(COLBERT_DIM)],

@@ -1,6 +1,7 @@
 """Run in FlagEmbedding's own environment (`m3_models.flag_encode`): reads a JSON list of
-texts on stdin, prints `BGEM3FlagModel(argv[1], colbert_dim=argv[2]).encode(texts, return_dense=True,
-return_sparse=True, return_colbert_vecs=True)` in float32 on the CPU as one JSON line."""
+texts on stdin, prints `BGEM3FlagModel(argv[1], colbert_dim=argv[2]).encode(texts,
+return_dense=True, return_sparse=True, return_colbert_vecs=True)` in float32 on the CPU as
+one JSON line."""
 
 import json
 import sys

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from service.engine.folders import is_m3
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
-from service.engine.folders import is_m3
 from service.engine.forward.prompts import configure_tokenizer
 from service.engine.jobs import Op
 from service.engine.llm_rerank.load import causal_rerank_engine
