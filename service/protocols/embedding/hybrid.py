@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from service.engine.jobs import Job, Op
 from service.engine.types import ModelInfo
@@ -32,7 +32,24 @@ from service.settings import Settings
 OUTPUTS = ("dense", "sparse", "multi_vector")
 
 
+def _asked(name: str, default: bool) -> dict[str, object]:
+    """The schema of "`name` is asked": true when sent, or not sent where it defaults true."""
+    sent_true = {"properties": {name: {"const": True}}, "required": [name]}
+    return (
+        {"not": {"properties": {name: {"const": False}}, "required": [name]}}
+        if default
+        else sent_true
+    )
+
+
 class EmbedHybridRequest(_Request):
+    # At least one output asked, in the schema too (clients and fuzzers read it).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [_asked("dense", True), _asked("sparse", True), _asked("multi_vector", False)]
+        }
+    )
+
     inputs: Input
     dense: bool = Field(True, description="the dense (CLS) vector, as /embed answers it")
     sparse: bool = Field(True, description="the lexical weights, as /embed_sparse answers them")
