@@ -15,9 +15,11 @@ A model without these heads answers 424 (its own routes give what it has).
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic.config import JsonDict
 
 from service.engine.jobs import Job, Op
 from service.engine.types import ModelInfo
@@ -29,17 +31,15 @@ from service.protocols.serving import Endpoint, needs
 from service.protocols.tei_shapes import Direction, Input, _direction, _parsed, _Request, units
 from service.settings import Settings
 
-OUTPUTS = ("dense", "sparse", "multi_vector")
+Output = Literal["dense", "sparse", "multi_vector"]
+OUTPUTS: tuple[Output, ...] = ("dense", "sparse", "multi_vector")
 
 
-def _asked(name: str, default: bool) -> dict[str, object]:
+def _asked(name: str, default: bool) -> JsonDict:
     """The schema of "`name` is asked": true when sent, or not sent where it defaults true."""
-    sent_true = {"properties": {name: {"const": True}}, "required": [name]}
-    return (
-        {"not": {"properties": {name: {"const": False}}, "required": [name]}}
-        if default
-        else sent_true
-    )
+    if default:
+        return {"not": {"properties": {name: {"const": False}}, "required": [name]}}
+    return {"properties": {name: {"const": True}}, "required": [name]}
 
 
 class EmbedHybridRequest(_Request):
@@ -89,8 +89,9 @@ def _embed_hybrid(body: bytes, content_type: str | None, info: ModelInfo, s: Set
         prompt_name=r.prompt_name,
         normalize=r.normalize,
         long_inputs=s.long_inputs,
+        max_active_dims=r.max_active_dims,
     )
-    params |= {"outputs": asked, "max_active_dims": r.max_active_dims}
+    params = dataclasses.replace(params, outputs=asked)
     return Job(units(Op.HYBRID, r.inputs, params), _shaped)
 
 
