@@ -78,17 +78,17 @@ def load_heads(folder: Path, hidden: int, tokenizer: Any, vocab_size: int, devic
 
 
 def _linear(path: Path, hidden: int, torch: Any) -> Any:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    weight = state.get("weight") if isinstance(state, dict) else None
-    keys = sorted(state) if isinstance(state, dict) else type(state).__name__
-    if weight is None or weight.ndim != 2 or set(state) - {"weight", "bias"}:
+    tensors = torch.load(path, map_location="cpu", weights_only=True)
+    weight = tensors.get("weight") if isinstance(tensors, dict) else None
+    keys = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
+    if weight is None or weight.ndim != 2 or set(tensors) - {"weight", "bias"}:
         raise UnsupportedModel(f"{path.name} is not a Linear state dict (keys: {keys})")
     if int(weight.shape[1]) != hidden:
         raise UnsupportedModel(
             f"{path.name} takes {int(weight.shape[1])} features but the encoder gives {hidden}"
         )
-    layer = torch.nn.Linear(hidden, int(weight.shape[0]), bias="bias" in state)
-    layer.load_state_dict({k: v.float() for k, v in state.items()})
+    layer = torch.nn.Linear(hidden, int(weight.shape[0]), bias="bias" in tensors)
+    layer.load_state_dict({k: v.float() for k, v in tensors.items()})
     return layer.float().eval().requires_grad_(False)
 
 
