@@ -10,7 +10,9 @@ weights it already has), meaningless answers. Each is a folder that loads as
   reranker), its head drawn from ``seed``;
 - :func:`minilm_multi_vector`: a sentence-transformers ``MultiVectorEncoder``: the encoder,
   a token-level ``Dense`` 384 -> 128 without bias drawn from ``seed``, and the class's default
-  ``MultiVectorMask`` and ``Normalize``.
+  ``MultiVectorMask`` and ``Normalize``;
+- :func:`minilm_m3`: a BGE-M3 folder in FlagEmbedding's layout: the encoder with
+  ``colbert_linear.pt`` (384 -> 384) and ``sparse_linear.pt`` (384 -> 1) drawn from ``seed``.
 
 Folders are built once and kept (``loadtest/results/models/`` by default): a recipe file beside
 the weights says what was built, and a folder whose recipe differs is built again.
@@ -166,3 +168,34 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def minilm_m3(folder: Path = MODELS / "minilm-m3", seed: int = 0) -> Path:
+    """A BGE-M3 folder: the encoder's own files (config, weights, tokenizer; no
+    sentence-transformers modules) and two ``torch.nn.Linear`` state dicts beside them, as
+    FlagEmbedding saves them: ``colbert_linear.pt`` (hidden -> hidden, BGE-M3's width) and
+    ``sparse_linear.pt`` (hidden -> 1), drawn from ``seed``; built unless the recipe there is
+    the same."""
+    recipe = {"seed": seed, "encoder": str(encoder_dir()), "kind": "BGE-M3"}
+    if _built(folder, recipe):
+        return folder
+    import shutil
+
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.txt",
+    ):
+        shutil.copyfile(encoder_dir() / name, folder / name)
+    hidden = int(json.loads((folder / "config.json").read_text())["hidden_size"])
+    torch.manual_seed(seed)
+    torch.save(torch.nn.Linear(hidden, hidden).state_dict(), folder / "colbert_linear.pt")
+    torch.save(torch.nn.Linear(hidden, 1).state_dict(), folder / "sparse_linear.pt")
+    _mark(folder, recipe)
+    return folder

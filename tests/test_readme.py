@@ -5,8 +5,8 @@ Every fenced `console` block (`$ command` lines, each followed by what it prints
 against a real server (`pipeline-server` on 127.0.0.1, a free port; `http://localhost:8000` in
 the text is replaced by its address). A block runs against the default model unless the line
 before it is `<!-- readme-test: model=KIND -->`, which names one of the tests' tiny models
-(`tests/models.py`, `tests/retrieval_models.py`; `chunk`: the default model with
-LONG_INPUTS=chunk). One server per model, all started at once for this module. `bash` and
+(`tests/models.py`, `tests/retrieval_models.py`, `tests/m3_models.py`; `chunk`: the default
+model with LONG_INPUTS=chunk). One server per model, all started at once for this module. `bash` and
 `text` blocks (installs, deployments) are not run.
 
 What the example shows and what the command prints compare as `outputs_match` says: numbers
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ServerProcess
+from m3_models import m3_model
 from retrieval_models import (
     LLM_RERANKER_KINDS,
     MULTI_VECTOR_KINDS,
@@ -181,11 +182,12 @@ def test_documents_have_runnable_examples() -> None:
 
 @pytest.fixture(scope="module")
 def retrieval_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The multi-vector and LLM-reranker folders docs/models.md's examples name."""
+    """The multi-vector, LLM-reranker and BGE-M3 folders the documents' examples name."""
     root = tmp_path_factory.mktemp("readme-retrieval")
     return {
         "multi-vector": multi_vector_model(root / "mv", **MULTI_VECTOR_KINDS["colbert"]),
         "llm-reranker": llm_reranker(root / "llm", **LLM_RERANKER_KINDS["chat"]),
+        "bge-m3": m3_model(root / "m3"),
     }
 
 

@@ -8,6 +8,7 @@
 | ``cost`` | CPU per answered input against the backend's in process; one client's CPU, p50 |
 | ``retrieval`` | multi-vector answers, rerankers (cross-encoder, MaxSim), a long input chunked |
 | ``bulk`` | interactive one-input latency alone and beside a bulk indexer (1,000-input requests) |
+| ``hybrid`` | a BGE-M3 folder's dense + sparse + multi-vector in one call against three calls |
 
 Each module has ``add_arguments(parser)``, ``finish_arguments(args, results)``, ``run(args)``
 (returns a JSON-friendly dict) and ``table(result)`` (Markdown). Studies built the same way
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from loadtest.workloads import bulk, cost, mixed, retrieval, short_inputs, storm
+from loadtest.workloads import bulk, cost, hybrid, mixed, retrieval, short_inputs, storm
 
 WORKLOADS: dict[str, ModuleType] = {
-    m.NAME: m for m in (mixed, short_inputs, storm, cost, retrieval, bulk)
+    m.NAME: m for m in (mixed, short_inputs, storm, cost, retrieval, bulk, hybrid)
 }

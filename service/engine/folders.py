@@ -59,3 +59,21 @@ def module_kind(entry: dict[str, Any], known: tuple[str, ...], model: str = "") 
 
 #: `CrossEncoder` activations we apply to a logit, by torch class name.
 SCORE_ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "identity", "Tanh": "tanh"}
+
+
+#: A BGE-M3 folder's heads beside its encoder (FlagEmbedding's `BGEM3FlagModel` layout):
+#: the multi-vector head, then the lexical (sparse) head.
+M3_HEADS = ("colbert_linear.pt", "sparse_linear.pt")
+
+
+def is_m3(folder: Path) -> bool:
+    """`folder` holds a BGE-M3 model: both of `M3_HEADS` beside its encoder. One without the
+    other is refused (`UnsupportedModel`): FlagEmbedding loads both or neither, and without
+    them it makes random heads."""
+    found = [name for name in M3_HEADS if (folder / name).is_file()]
+    if len(found) == 1:
+        missing = next(name for name in M3_HEADS if name not in found)
+        raise UnsupportedModel(
+            f"{found[0]} without {missing}: a BGE-M3 folder carries both of {list(M3_HEADS)}"
+        )
+    return len(found) == 2

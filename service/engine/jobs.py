@@ -19,6 +19,7 @@ Ops and the answer each unit gets (`service.engine.forward.encoder` /
 | `decode` | ids | str: no forward |
 | `sparse` | text (or ids) | `pooling.sparse.SparseVector`: a SPLADE model's non-zero weights |
 | `multi_vector` | text | float32 [tokens, D]: a multi-vector model's kept token vectors |
+| `hybrid` | text (or ids) | BGE-M3: a dict of the `outputs` asked (dense, sparse, multi_vector) |
 
 A unit's `params` are its options, one frozen type per kind of work
 (`service.engine.params`). A unit whose params set `count_tokens` gets its answer as
@@ -56,6 +57,7 @@ class Op(StrEnum):
     DECODE = "decode"
     SPARSE = "sparse"
     MULTI_VECTOR = "multi_vector"
+    HYBRID = "hybrid"
 
 
 #: Ops answered in the inference thread without a forward pass (they never enter a batch).
@@ -72,6 +74,7 @@ PARAMS: dict[Op, type[TextParams]] = {
     Op.TOKENIZE: TokenParams,
     Op.DECODE: TokenParams,
     Op.MULTI_VECTOR: MultiVectorParams,
+    Op.HYBRID: EmbedParams,
 }
 
 

@@ -5,7 +5,7 @@ ones: a reader never restates them.
 | type | ops | read by |
 | --- | --- | --- |
 | `TextParams` | every op with a text | `forward.tokenizing` (and the other engines' tokenizing) |
-| `EmbedParams` | `embed`, `rows`, `sparse` | `pooling.outputs`, `forward.windows` |
+| `EmbedParams` | `embed`, `rows`, `sparse`, `hybrid` | `pooling.outputs`, `forward.windows` |
 | `PairParams` | `logits`, `classify` | `forward.encoder`, `llm_rerank.engine` |
 | `TokenParams` | `tokenize`, `decode` | `forward.tokenizing` |
 | `MultiVectorParams` | `multi_vector` | `multi_vector.engine` |
@@ -62,6 +62,9 @@ class EmbedParams(TextParams):
     ranges: bool = False
     # A SPLADE vector's largest N weights only.
     max_active_dims: int | None = None
+    # A `hybrid` unit (a BGE-M3 model): which of its outputs its answer holds, of "dense",
+    # "sparse" and "multi_vector", all made from one forward.
+    outputs: tuple[Literal["dense", "sparse", "multi_vector"], ...] = ("dense",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -89,6 +89,8 @@ class ModelInfo:
     backend_summary: Mapping[str, Any] = field(default_factory=dict)
     # A multi-vector model: its token vectors' width, scoring (maxsim, meanmaxsim), lengths.
     multi_vector: Mapping[str, Any] | None = None
+    # A BGE-M3 model (`service.engine.pooling.m3`): each output's width, one call's outputs.
+    hybrid: Mapping[str, Any] | None = None
     # int8/uint8 calibration (`service.engine.loading.quantization`): texts, sha256, source,
     # seconds.
     calibration: Mapping[str, Any] | None = None
@@ -124,6 +126,7 @@ class ModelInfo:
             "default_prompt_name": self.default_prompt_name,
             "sparse": self.output is Output.SPARSE,
             "multi_vector": dict(self.multi_vector) if self.multi_vector else None,
+            "hybrid": dict(self.hybrid) if self.hybrid else None,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
             "backend": dict(self.backend_summary)

@@ -16,6 +16,7 @@ from service.errors import Envelope
 from service.protocols import inference_api, openai_shapes, openapi
 from service.protocols.classification import tei as classification_tei
 from service.protocols.embedding import cohere as embedding_cohere
+from service.protocols.embedding import hybrid as embedding_hybrid
 from service.protocols.embedding import openai
 from service.protocols.embedding import tei as embedding_tei
 from service.protocols.multi_vector import tei as multi_vector_tei
@@ -29,6 +30,7 @@ from service.protocols.tokens import tei as tokens_tei
 #: order.
 ENDPOINTS: tuple[Endpoint, ...] = (
     *embedding_tei.ENDPOINTS,
+    *embedding_hybrid.ENDPOINTS,
     *multi_vector_tei.ENDPOINTS,
     *classification_tei.ENDPOINTS,
     *rerank_tei.ENDPOINTS,

@@ -21,7 +21,7 @@ from loadtest import corpus, proc, servers
 from loadtest.bench import parse_args
 from loadtest.experiments import batch_tokens, burst, cpu_split, memory, pyspy, zero_shot
 from loadtest.experiments.bench import WORKLOADS as STUDIES
-from loadtest.workloads import WORKLOADS, bulk, cost, short_inputs, storm, storm_kinds
+from loadtest.workloads import WORKLOADS, bulk, cost, hybrid, short_inputs, storm, storm_kinds
 
 
 def test_short_inputs_are_8_to_100_tokens_about_42_mean(embedded_model: Path) -> None:
@@ -199,7 +199,8 @@ def test_storm_input_is_three_sentences() -> None:
 
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
-    assert list(WORKLOADS) == ["mixed", "short_inputs", "storm", "cost", "retrieval", "bulk"]
+    named = ["mixed", "short_inputs", "storm", "cost", "retrieval", "bulk", "hybrid"]
+    assert list(WORKLOADS) == named
     studies_named = ["cpu", "profile", "burst", "memory", "zero_shot", "pooled", "batch_tokens"]
     assert list(STUDIES) == studies_named
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
@@ -567,3 +568,23 @@ def test_batch_token_budgets_are_parsed_and_each_compared_in_its_own_round() -> 
     assert rows["4096"]["ok_per_s"] == 90 and rows["4096"]["p50_ms"] == 75
     assert rows["4096"]["of_base"] == pytest.approx(1.1)  # median of 1.1, 0.9, 1.2
     assert "| mixed | 4096 | 90.0 | 1.10 | 75.0 | 150.0 |" in batch_tokens.table(result)
+
+
+def test_hybrid_bench_folder_is_bge_m3_and_its_table_divides_one_by_three(tmp_path: Path) -> None:
+    from loadtest import models
+    from service.engine.folders import is_m3
+
+    folder = models.minilm_m3(tmp_path / "m3")
+    assert is_m3(folder) and not (folder / "modules.json").exists()
+    ways = {
+        "one_call": {"cpu_s_per_doc": 0.05, "wall_s_per_doc": 0.03},
+        "three_calls": {"cpu_s_per_doc": 0.15, "wall_s_per_doc": 0.09},
+    }
+    result = {
+        "documents": 4,
+        "tokens": {"tokens_mean": 120.0},
+        "ways": ways,
+        "one_over_three": {"cpu_s_per_doc": 1 / 3, "wall_s_per_doc": 1 / 3},
+    }
+    table = hybrid.table(result)
+    assert "| one_call | 50.00 | 30.00 |" in table and "| one / three | 0.33 | 0.33 |" in table

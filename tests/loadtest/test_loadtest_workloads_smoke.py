@@ -12,7 +12,7 @@ import pytest
 from loadtest.bench import parse_args
 from loadtest.experiments import burst, memory, pooled, zero_shot
 from loadtest.experiments.bench import WORKLOADS as STUDIES
-from loadtest.workloads import retrieval, storm
+from loadtest.workloads import hybrid, retrieval, storm
 
 pytestmark = [
     pytest.mark.loadtest,
@@ -116,3 +116,11 @@ def test_retrieval_weighs_answers_and_chunks_the_long_document(tmp_path: Path) -
     assert long["modes"]["truncate"]["pipeline_inputs"] == 1
     assert long["modes"]["chunk"]["server_ms"] > 0 and 0.3 < long["cosine"] < 0.99
     assert "| chunk |" in retrieval.table(res)
+
+
+def test_hybrid_compares_one_call_with_three(tmp_path: Path) -> None:
+    extra = ["--hybrid-documents", "2", "--hybrid-rounds", "1"]
+    res = hybrid.run(_args(tmp_path, "--only", "hybrid", *extra))
+    assert res["documents"] == 2 and res["hybrid"]["multi_vector"] == 384
+    assert all(w["cpu_s_per_doc"] > 0 and w["wall_s_per_doc"] > 0 for w in res["ways"].values())
+    assert "| one / three |" in hybrid.table(res)

@@ -7,7 +7,8 @@ per input (the tokenizers library runs in Rust), one padded numpy batch per forw
 answers cut from the batch's outputs. Inference thread only.
 
 Tokenizing is `service.engine.forward.tokenizing`; the options each op reads are in
-`service.engine.params` (`EmbedParams` for pooled vectors, `PairParams` for classifiers).
+`service.engine.params` (`EmbedParams` for pooled vectors, SPLADE and BGE-M3 answers,
+`PairParams` for classifiers).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class EncoderEngine:
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
         self.types = "token_type_ids" in tok.model_input_names
         self.heads = outputs.load_heads(sentence, pipe.device)  # Dense modules, float32
+        self.m3 = outputs.load_m3(sentence, pipe.model.config, tok, pipe.device)  # or None
         self.calibration: Calibration | None = None  # int8 ranges (engine.quantization)
 
     # -- per unit: `service.engine.forward.tokenizing` ------------------------------------
@@ -82,18 +84,25 @@ class EncoderEngine:
             logits = output
             answers = [self._classified(p.unit, logits[i : i + 1]) for i, p in enumerate(batch)]
             return _with_counts(batch, answers)
-        return _with_counts(batch, self._answers(batch, output, inputs["attention_mask"], lengths))
+        answers = self._answers(batch, output, inputs, lengths)
+        return _with_counts(batch, answers)
 
-    def _answers(self, batch: list[Prepared], first: Any, mask: Any, lengths: Any) -> list[Any]:
+    def _answers(
+        self, batch: list[Prepared], first: Any, inputs: dict[str, Any], lengths: Any
+    ) -> list[Any]:
         """Each unit's answer from the model's first output (`first`: [B, L, H] token rows, or
-        a masked-LM model's [B, L, vocab] logits): pooled (+ Dense heads), SPLADE, or rows."""
+        a masked-LM model's [B, L, vocab] logits): pooled (+ Dense heads), SPLADE, BGE-M3's
+        heads, or rows."""
         hidden = first.float()  # a no-op for the backends' float32 output
+        mask = inputs["attention_mask"]
         answers: list[Any] = [None] * len(batch)
         for found in (
             outputs.embed_rows(
                 batch, hidden, mask, self.info.pooling, self.heads, self.calibration
             ),
-            outputs.sparse_rows(batch, hidden, mask, self.sentence),
+            outputs.m3_rows(batch, hidden, mask, inputs["input_ids"], self.m3)
+            if self.m3 is not None
+            else outputs.sparse_rows(batch, hidden, mask, self.sentence),
         ):
             for i, answer in found.items():
                 answers[i] = answer

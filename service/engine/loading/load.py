@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from service.engine.folders import is_m3
 from service.engine.forward.encoder import EncoderEngine
 from service.engine.forward.pipeline import PipelineEngine
 from service.engine.forward.prompts import configure_tokenizer
@@ -35,6 +36,7 @@ from service.engine.loading.model_files import (
 from service.engine.multi_vector import config as multi_vector
 from service.engine.multi_vector.load import multi_vector_engine
 from service.engine.pooling import outputs
+from service.engine.pooling.m3 import M3Heads
 from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import Engine, ModelInfo, Output
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings, library_defaults
@@ -118,6 +120,8 @@ def preflight(settings: Settings) -> None:
     task = infer_task(model_id, settings)
     if task == "feature-extraction" and settings.pooling != "none":
         try:  # UnsupportedModel names the module or the option
+            if is_m3(Path(model_id)):  # refuses one head without the other
+                return
             if multi_vector.is_multi_vector(Path(model_id)):
                 multi_vector_config(model_id, settings)
             else:
@@ -225,6 +229,8 @@ def load_engine(settings: Settings) -> Engine:
         )
         return PipelineEngine(pipe=pipe, info=info)
     engine = EncoderEngine(pipe, info, sentence)  # on torch float32: the reference
+    if engine.m3 is not None:  # BGE-M3: what /info says of its outputs
+        engine.info = dataclasses.replace(engine.info, hybrid=_m3_summary(engine.info, engine.m3))
     reference = engine.backend
     folder = weights_folder(weights, settings)
     engine = warmup.check_finite(serve_chosen_backend(engine, settings, folder))
@@ -259,6 +265,8 @@ def _model_info(
                 f"label (label2id); this model's labels are {', '.join(labels)}"
             )
         served.discard(Op.CLASSIFY)  # the text-classification answer needs its pipeline
+    if sentence is not None and sentence.m3:  # BGE-M3: its heads answer these off one forward
+        served |= {Op.SPARSE, Op.MULTI_VECTOR, Op.HYBRID}
     return ModelInfo(
         # The embedded default by name: its folder is an install path, not for clients.
         model_id=EMBEDDED_MODEL_NAME if model_id == default_model_dir() else model_id,
@@ -296,6 +304,17 @@ def _output(task: str, sentence: SentenceConfig | None) -> Output:
     if sentence is None:
         return Output.TOKEN_ROWS
     return Output.SPARSE if sentence.splade is not None else Output.POOLED
+
+
+def _m3_summary(info: ModelInfo, heads: M3Heads) -> dict[str, Any]:
+    """/info's `hybrid`: each output's width (sparse: the vocabulary) and the route that
+    answers any set of them from one forward."""
+    return {
+        "dense": info.dimension,
+        "sparse": heads.vocab_size,
+        "multi_vector": heads.dimension,
+        "route": "/embed_hybrid",
+    }
 
 
 def served_name(settings: Settings, model_id: str) -> str:

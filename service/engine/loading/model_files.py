@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from service.engine.folders import UnsupportedModel
+from service.engine.folders import UnsupportedModel, is_m3
 from service.engine.llm_rerank.config import (
     RerankerConfig,
     is_causal_reranker,
@@ -89,6 +89,8 @@ def sentence_config(model_id: str, settings: Settings) -> SentenceConfig | None:
     if settings.pooling == "none":
         return None
     folder = local_folder(model_id, settings)
+    if folder is not None and is_m3(folder):
+        return m3_config(folder, model_id, settings)
     found = st_config.read_sentence_config(folder) if folder is not None else None
     if settings.pooling is None:
         return found
@@ -99,6 +101,39 @@ def sentence_config(model_id: str, settings: Settings) -> SentenceConfig | None:
     if chosen.splade is not None:
         return dataclasses.replace(found, modes=(), dense=(), normalize=False, splade=chosen.splade)
     return dataclasses.replace(found, modes=chosen.modes, dimension=chosen.dimension)
+
+
+def m3_config(folder: Path, model_id: str, settings: Settings) -> SentenceConfig:
+    """A BGE-M3 folder's configuration: CLS pooling, normalized (`BGEM3FlagModel`'s dense,
+    whatever a sentence-transformers config beside it says), with its max_seq_length, lower
+    casing and prompts where it has one. Raises `UnsupportedModel` for a POOLING setting."""
+    if settings.pooling is not None:
+        raise UnsupportedModel(
+            f"POOLING={settings.pooling} does not apply to a BGE-M3 folder (its dense vector is "
+            "the CLS token's, normalized); unset POOLING, or POOLING=none for token rows"
+        )
+    found = st_config.read_sentence_config(folder)
+    if found is not None and (found.modes != ("cls",) or found.dense or not found.normalize):
+        log.warning(
+            "m3_sentence_config_ignored",
+            modules=list(found.modules()),
+            hint="a BGE-M3 folder's dense vector is its CLS token's, normalized",
+        )
+    hidden = int(config_json(model_id, settings).get("hidden_size") or 0)
+    base = found or SentenceConfig(modes=("cls",), dimension=hidden)
+    return dataclasses.replace(
+        base,
+        modes=("cls",),
+        dimension=hidden,
+        include_prompt=True,
+        normalize=True,
+        dense=(),
+        splade=None,
+        folder=str(folder),
+        transformer_path="",
+        declared_dimension=None,
+        m3=True,
+    )
 
 
 def local_folder(model_id: str, settings: Settings) -> Path | None:

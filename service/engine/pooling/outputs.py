@@ -3,7 +3,9 @@ SPLADE pooling of MLM logits; and what is read at start for them (the heads, the
 
 `EncoderEngine.run` computes the model's first output once per batch; the answers of
 `Op.EMBED` and `Op.SPARSE` units are made here from that output and the batch's attention
-mask, as sentence-transformers' modules after its Transformer do (`pool`, `heads`, `sparse`).
+mask, as sentence-transformers' modules after its Transformer do (`pool`, `heads`, `sparse`);
+a BGE-M3 model's `Op.SPARSE`, `Op.MULTI_VECTOR` and `Op.HYBRID` answers from its heads
+(`m3`), as FlagEmbedding makes them.
 Inference thread only.
 """
 
@@ -17,8 +19,8 @@ import structlog
 from service.engine.folders import UnsupportedModel
 from service.engine.jobs import Op, Ranged
 from service.engine.params import EmbedParams, narrow
-from service.engine.pooling import heads, sparse
-from service.engine.pooling.pool import finish, pool
+from service.engine.pooling import heads, m3, sparse
+from service.engine.pooling.pool import finish, normalize_rows, pool
 from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import Prepared
 
@@ -135,4 +137,77 @@ def sparse_rows(
     for j, i in enumerate(rows):
         top = narrow(batch[i].unit.params, EmbedParams).max_active_dims
         out[i] = sparse.to_sparse(sparse.keep_top(weights[j : j + 1], top)[0])
+    return out
+
+
+def load_m3(
+    sentence: SentenceConfig | None, config: Any, tokenizer: Any, device: Any
+) -> m3.M3Heads | None:
+    """A BGE-M3 folder's heads on `device` (`config`: the loaded encoder's); None for any
+    other model."""
+    if sentence is None or not sentence.m3:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    folder = Path(sentence.folder)
+    return m3.load_heads(folder, int(text.hidden_size), tokenizer, int(config.vocab_size), device)
+
+
+def m3_outputs(unit: Any) -> tuple[str, ...]:
+    """Which BGE-M3 outputs a unit's answer needs (none for `embed`, made by `embed_rows`)."""
+    if unit.op is Op.HYBRID:
+        return narrow(unit.params, EmbedParams).outputs
+    return {Op.SPARSE: ("sparse",), Op.MULTI_VECTOR: ("multi_vector",)}.get(unit.op, ())
+
+
+def m3_rows(
+    batch: list[Prepared],
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    ids: torch.Tensor,
+    found: m3.M3Heads,
+) -> dict[int, Any]:
+    """Each `sparse`, `multi_vector` and `hybrid` unit's answer, by batch position, from the
+    encoder's `hidden` [B, L, H] under `mask` [B, L] (right or left padded) for the batch's
+    `ids` [B, L]: a `SparseVector` (`max_active_dims` kept), the [n-1, D] ColBERT rows, or a
+    dict of the `outputs` a hybrid unit asks. Each head runs once, on the rows that need it."""
+    import torch
+
+    asked = {i: m3_outputs(p.unit) for i, p in enumerate(batch)}
+    asked = {i: wanted for i, wanted in asked.items() if wanted}
+    if not asked:
+        return {}
+    keep = mask.to(hidden.device).bool()
+    first = keep.int().argmax(dim=1).tolist()  # each row's first real token: its [CLS]
+    count = keep.sum(dim=1).tolist()
+    made: dict[str, dict[int, Any]] = {"dense": {}, "sparse": {}, "multi_vector": {}}
+    for name in made:
+        rows = [i for i, wanted in asked.items() if name in wanted]
+        if not rows:
+            continue
+        index = torch.tensor(rows, device=hidden.device)
+        h = hidden[index]
+        if name == "dense":
+            cls = h[torch.arange(len(rows)), torch.tensor([first[i] for i in rows])]
+            vectors = normalize_rows(cls).cpu().numpy(), cls.cpu().numpy()
+            for j, i in enumerate(rows):
+                normalize = narrow(batch[i].unit.params, EmbedParams).normalize
+                made[name][i] = vectors[0][j] if normalize else vectors[1][j]
+        elif name == "sparse":
+            weights = m3.token_weights(h, found).cpu().numpy()
+            ids_ = ids[index].cpu().numpy()
+            for j, i in enumerate(rows):
+                cols = slice(first[i], first[i] + count[i])
+                vector = m3.lexical_weights(weights[j, cols], ids_[j, cols], found)
+                top = narrow(batch[i].unit.params, EmbedParams).max_active_dims
+                made[name][i] = m3.keep_top(vector, top)
+        else:
+            vectors_ = m3.colbert_vectors(h, found).cpu().numpy()
+            for j, i in enumerate(rows):
+                made[name][i] = vectors_[j, first[i] + 1 : first[i] + count[i]]
+    out: dict[int, Any] = {}
+    for i, wanted in asked.items():
+        if batch[i].unit.op is Op.HYBRID:
+            out[i] = {name: made[name][i] for name in wanted}
+        else:
+            out[i] = made[wanted[0]][i]
     return out

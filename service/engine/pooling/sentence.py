@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from service.engine.folders import M3_HEADS
 from service.engine.pooling.heads import DenseSpec
 from service.engine.pooling.sparse import SpladeSpec
 
@@ -31,10 +32,15 @@ class SentenceConfig:
     folder: str = ""  # the model folder the module paths are relative to
     declared_dimension: int | None = None  # what the Pooling config says (may be wrong)
     matryoshka_dimensions: tuple[int, ...] | None = None  # None: not trained for cutting
+    # A BGE-M3 folder (`service.engine.pooling.m3`): dense is its CLS vector, normalized;
+    # sparse and multi-vector answers come from its two heads, off the same forward.
+    m3: bool = False
 
     def modules(self) -> tuple[str, ...]:
         """The module chain for /info and logs, e.g. `("Transformer", "Pooling(mean)",
         "Dense(768->768, Tanh)", "Normalize")`."""
+        if self.m3:
+            return ("Transformer", "Pooling(cls)", "Normalize", *M3_HEADS)
         if self.splade is not None:
             s = self.splade
             return ("Transformer(fill-mask)", f"SpladePooling({s.strategy}, {s.activation})")
