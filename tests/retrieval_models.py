@@ -19,14 +19,15 @@ HIDDEN = 32
 MARKERS = ["[Q]", "[D]"]
 
 
-def _marked_tokenizer(folder: Path) -> Any:
+def _marked_tokenizer(folder: Path, markers: bool = True) -> Any:
     from transformers import AddedToken, BertTokenizer
 
     vocab = {token: i for i, token in enumerate(vocabulary())}
     tokenizer = BertTokenizer(vocab=vocab, do_lower_case=True)
-    tokenizer.add_special_tokens(
-        {"additional_special_tokens": [AddedToken(m, normalized=False) for m in MARKERS]}
-    )
+    if markers:
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": [AddedToken(m, normalized=False) for m in MARKERS]}
+        )
     tokenizer.save_pretrained(folder)
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
@@ -35,13 +36,14 @@ def _marked_tokenizer(folder: Path) -> Any:
     return tokenizer
 
 
-def bert_backbone(folder: Path, seed: int = 0) -> Path:
-    """A two-layer BERT, 32 wide, with the marked tokenizer."""
+def bert_backbone(folder: Path, seed: int = 0, *, markers: bool = True) -> Path:
+    """A two-layer BERT, 32 wide, with the marked tokenizer (`markers`: with `[Q]` and `[D]`;
+    without, as a plain BERT that PyLate adds its own prefix tokens to)."""
     import torch
     from transformers import BertConfig, BertModel
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = _marked_tokenizer(folder)
+    tokenizer = _marked_tokenizer(folder, markers)
     config = BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=HIDDEN,
@@ -63,16 +65,21 @@ def multi_vector_model(
     normalize: bool = True,
     transformer: dict[str, Any] | None = None,
     extra_modules: tuple[Any, ...] = (),
+    token_pooling: dict[str, Any] | None = None,
     seed: int = 0,
     **mve_kwargs: Any,
 ) -> Path:
     """`MultiVectorEncoder([Transformer(**transformer), Dense(32 -> out, no bias, on token
-    rows), MultiVectorMask(**mask) (None: no mask module), Normalize (on token rows)])`, saved
-    in `folder`. `mve_kwargs` go to the MultiVectorEncoder (prompts, similarity_fn_name)."""
+    rows), MultiVectorMask(**mask) (None: no mask module), *extra_modules, Normalize (on token
+    rows), HierarchicalTokenPooling(**token_pooling) (None: none)])`, saved in `folder`.
+    `mve_kwargs` go to the MultiVectorEncoder (prompts, similarity_fn_name)."""
     import torch
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.base.modules import Dense, Normalize, Transformer
-    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+    from sentence_transformers.multi_vector_encoder.modules import (
+        HierarchicalTokenPooling,
+        MultiVectorMask,
+    )
 
     base = bert_backbone(folder.with_name(folder.name + "-backbone"), seed)
     modules: list[Any] = [Transformer(str(base), **(transformer or {}))]
@@ -91,6 +98,8 @@ def multi_vector_model(
     modules.extend(extra_modules)
     if normalize:
         modules.append(Normalize(module_input_name="token_embeddings"))
+    if token_pooling is not None:
+        modules.append(HierarchicalTokenPooling(**token_pooling))
     model = MultiVectorEncoder(modules=modules, device="cpu", **mve_kwargs)
     model.save(str(folder), create_model_card=False)
     return folder
@@ -128,6 +137,13 @@ MULTI_VECTOR_KINDS: dict[str, dict[str, Any]] = {
     },
     # no MultiVectorMask, no Normalize, no expansion: every attended token, raw
     "plain": {"mask": None, "normalize": False, "transformer": {"document_length": 24}},
+    # a token pooling module after the Normalize: documents keep about half their vectors,
+    # the first two never merged
+    "pooled": {
+        "mask": {"skiplist_words": list(string.punctuation)},
+        "token_pooling": {"pool_factor": 2, "num_protected_tokens": 2},
+        "prompts": {"query": "[Q] ", "document": "[D] "},
+    },
 }
 
 

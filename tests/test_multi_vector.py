@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 
 from service.engine.folders import UnsupportedModel
 from service.engine.loading.load import preflight
+from service.engine.multi_vector.config import is_multi_vector
 from service.settings import Settings
 
 QUERIES = [
@@ -116,6 +117,60 @@ def test_rerank_is_the_encoders_similarity_in_its_order(served: tuple[Any, TestC
         assert plain.json() == r.json()  # no activation: raw_scores changes nothing
 
 
+def test_cohere_and_jina_rerank_are_the_encoders_similarity(
+    served: tuple[Any, TestClient],
+) -> None:
+    """`/v2/rerank` and `/v1/rerank` answer what `/rerank` does on these models (each document's
+    late-interaction score, highest first), in each dialect's shape, with its fields."""
+    model, client = served
+    for query in QUERIES:
+        q = model.encode_query([query], convert_to_numpy=True)
+        documents = model.encode_document(DOCUMENTS, convert_to_numpy=True)
+        expected = model.similarity(q, documents)[0].tolist()
+        order = sorted(range(len(expected)), key=lambda i: (-expected[i], i))
+        body = {"query": query, "documents": DOCUMENTS}
+        cohere = client.post("/v2/rerank", json={**body, "top_n": 2})
+        jina = client.post("/v1/rerank", json={**body, "return_documents": False})
+        assert cohere.status_code == jina.status_code == 200, (cohere.text, jina.text)
+        results = cohere.json()["results"]
+        assert [x["index"] for x in results] == order[:2]
+        assert [x["relevance_score"] for x in results] == pytest.approx(
+            [expected[i] for i in order[:2]], abs=1e-4
+        )
+        answer = jina.json()
+        assert [x["index"] for x in answer["results"]] == order
+        assert all("document" not in x for x in answer["results"])
+        tokens = len(_ids(model, query, "query")) + sum(
+            len(_ids(model, d, "document")) for d in DOCUMENTS
+        )
+        assert answer["usage"]["total_tokens"] == tokens
+        assert cohere.json()["meta"]["billed_units"]["input_tokens"] == tokens
+
+
+def _ids(model: Any, text: str, task: str) -> list[int]:
+    """The ids `MultiVectorEncoder` encodes `text` alone as (a query's expansion included)."""
+    features = model.preprocess([text], prompt=model.prompts.get(task) or None, task=task)
+    return [int(i) for i in features["input_ids"][0]]
+
+
+def test_max_tokens_per_doc_cuts_each_document_first(folders: dict[str, Path]) -> None:
+    model = encoder(folders["colbert"])
+    cut = [" ".join(d.split()[:3]) for d in DOCUMENTS]  # whole words: one token each
+    expected = model.similarity(model.encode_query(["paris city"]), model.encode_document(cut))[
+        0
+    ].tolist()
+    with app_client(folders["colbert"]) as client:
+        body = {"query": "paris city", "documents": DOCUMENTS, "max_tokens_per_doc": 3}
+        r = client.post("/v2/rerank", json=body)
+        assert r.status_code == 200, r.text
+        by_index = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        assert [by_index[i] for i in range(len(DOCUMENTS))] == pytest.approx(expected, abs=1e-4)
+        r = client.post("/v2/rerank", json={**body, "max_tokens_per_doc": 0})
+        assert r.status_code == 422 and "max_tokens_per_doc" in r.json()["message"]
+        r = client.post("/v1/rerank", json={"query": "a", "documents": ["b"], "top_n": -1})
+        assert r.status_code == 422 and "top_n" in r.json()["error"]["message"]
+
+
 def test_info_says_multi_vector(served: tuple[Any, TestClient]) -> None:
     model, client = served
     info = client.get("/info").json()["model"]
@@ -197,20 +252,29 @@ def _edit(folder: Path, name: str, change: Any) -> Path:
     return folder
 
 
-def _with_token_pooling(folder: Path) -> Path:
-    from sentence_transformers.multi_vector_encoder.modules import HierarchicalTokenPooling
+def _stanford(folder: Path) -> Path:
+    """A Stanford-NLP ColBERT checkpoint: a BERT whose config names HF_ColBERT, no modules."""
+    from retrieval_models import bert_backbone
 
-    return multi_vector_model(folder, mask={}, extra_modules=(HierarchicalTokenPooling(),))
+    return _edit(
+        bert_backbone(folder), "config.json", lambda c: {**c, "architectures": ["HF_ColBERT"]}
+    )
 
 
 @pytest.mark.parametrize(
     "build, message",
     [
         (
-            _with_token_pooling,
-            "module sentence_transformers.multi_vector_encoder.modules.token_pooling."
-            "HierarchicalTokenPooling (in 3_HierarchicalTokenPooling) is not supported by this "
-            "server in a multi-vector model",
+            lambda f: _edit(
+                multi_vector_model(f, mask={}),
+                "modules.json",
+                lambda m: [*m, {**m[-1], "idx": 4, "name": "4", "type": "pylate.models.Other"}],
+            ),
+            "module pylate.models.Other (in 3_Normalize) is not supported by this server in a "
+            "multi-vector model: it serves Transformer -> Dense (any number) -> optional "
+            "MultiVectorMask -> optional Normalize, with one optional HierarchicalTokenPooling "
+            "after the Dense modules and the mask; sentence-transformers' MultiVectorEncoder "
+            "loads the folder with that module in Python",
         ),
         (
             lambda f: _edit(
@@ -225,17 +289,15 @@ def _with_token_pooling(folder: Path) -> Path:
             lambda f: _edit(
                 multi_vector_model(f, mask={}),
                 "config_sentence_transformers.json",
-                lambda c: {**c, "model_type": "ColBERT"},
+                lambda c: {**c, "model_type": "SentenceTransformer"},
             ),
-            "a ColBERT (PyLate 3) folder is not supported",
+            "",  # not a multi-vector folder: read as a sentence-transformers one
         ),
         (
-            lambda f: _edit(
-                multi_vector_model(f, mask={}),
-                "config_sentence_transformers.json",
-                lambda c: {**c, "query_prefix": "[unused0]"},
-            ),
-            "config_sentence_transformers.json carries PyLate/ColBERT keys ['query_prefix']",
+            _stanford,
+            "a Stanford-NLP ColBERT checkpoint (HF_ColBERT) is not served as is: "
+            "sentence-transformers' MultiVectorEncoder loads it: MultiVectorEncoder(folder)"
+            ".save(new) writes the modules its encode applies",
         ),
         (
             lambda f: _edit(
@@ -246,13 +308,32 @@ def _with_token_pooling(folder: Path) -> Path:
             "modules.json lists Transformer -> Normalize -> Dense -> MultiVectorMask: only "
             "Transformer -> Dense (any number) -> optional MultiVectorMask -> optional Normalize",
         ),
+        (
+            lambda f: _edit(
+                multi_vector_model(f, mask={}, token_pooling={"pool_factor": 2}),
+                "modules.json",
+                lambda m: [m[0], m[1], m[4], m[2], m[3]],
+            ),
+            "modules.json lists Transformer -> Dense -> HierarchicalTokenPooling -> "
+            "MultiVectorMask -> Normalize: only",
+        ),
     ],
-    ids=["token-pooling", "processing-kwargs", "pylate-3", "legacy-key", "order"],
+    ids=[
+        "other-module",
+        "processing-kwargs",
+        "not-multi-vector",
+        "stanford",
+        "order",
+        "pool-order",
+    ],
 )
 def test_folders_with_options_not_served_are_refused_at_start(
     tmp_path: Path, build: Any, message: str
 ) -> None:
     folder = build(tmp_path / "m")
+    if not message:
+        assert not is_multi_vector(folder)
+        return
     with pytest.raises(UnsupportedModel) as info:
         preflight(Settings(model_id=str(folder)))
     assert str(info.value).startswith(message)
@@ -278,6 +359,6 @@ def test_real_server_serves_a_multi_vector_folder(
     assert [x["index"] for x in ranked] == np.argsort(-expected.numpy(), kind="stable").tolist()
     doc = server.get("/openapi.json").json()
     assert "/embed_multi" in doc["paths"] and "/" not in doc["paths"]
-    assert set(doc["paths"]) >= {"/rerank", "/tokenize", "/decode"}
+    assert set(doc["paths"]) >= {"/rerank", "/v2/rerank", "/v1/rerank", "/tokenize", "/decode"}
     assert "/embed" not in doc["paths"] and "/v1/embeddings" not in doc["paths"]
     schemathesis_finds_nothing(server.url, tmp_path)

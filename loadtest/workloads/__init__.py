@@ -7,6 +7,7 @@
 | ``storm`` | retry storms (256 clients resending on 503): goodput against capacity, A/B |
 | ``cost`` | CPU per answered input against the backend's in process; one client's CPU, p50 |
 | ``retrieval`` | multi-vector answers, rerankers (cross-encoder, MaxSim), a long input chunked |
+| ``token-pooling`` | multi-vector token pooling: bytes per document, MaxSim ranking agreement |
 | ``bulk`` | interactive one-input latency alone and beside a bulk indexer (1,000-input requests) |
 | ``hybrid`` | a BGE-M3 folder's dense + sparse + multi-vector in one call against three calls |
 
@@ -20,8 +21,17 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from loadtest.workloads import bulk, cost, hybrid, mixed, retrieval, short_inputs, storm
+from loadtest.workloads import (
+    bulk,
+    cost,
+    hybrid,
+    mixed,
+    retrieval,
+    short_inputs,
+    storm,
+    token_pooling,
+)
 
 WORKLOADS: dict[str, ModuleType] = {
-    m.NAME: m for m in (mixed, short_inputs, storm, cost, retrieval, bulk, hybrid)
+    m.NAME: m for m in (mixed, short_inputs, storm, cost, retrieval, token_pooling, bulk, hybrid)
 }

@@ -92,6 +92,16 @@ class MultiVectorParams(TextParams):
 
     # Queries and documents get their own prompt, length and (queries) expansion.
     input_type: Literal["query", "document"] = "document"
+    # Token pooling (`multi_vector.token_pooling`): about 1/pool_factor of a document's token
+    # vectors kept, similar ones merged (>= 1, fractional allowed; 1: none). None: the folder's
+    # own HierarchicalTokenPooling, if it ships one.
+    pool_factor: float | None = None
+    # The leading token vectors token pooling never merges (sentence-transformers'
+    # `num_protected_tokens`, PyLate's `protected_tokens`). None: the folder's, else 1.
+    protected_tokens: int | None = None
+    # The text cut to its first N tokens (prompt and special tokens not counted) before it is
+    # encoded: Cohere's `max_tokens_per_doc` on a multi-vector model.
+    max_tokens_per_doc: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

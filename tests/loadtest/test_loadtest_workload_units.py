@@ -199,8 +199,8 @@ def test_storm_input_is_three_sentences() -> None:
 
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
-    named = ["mixed", "short_inputs", "storm", "cost", "retrieval", "bulk", "hybrid"]
-    assert list(WORKLOADS) == named
+    named = ["mixed", "short_inputs", "storm", "cost", "retrieval", "token-pooling", "bulk"]
+    assert list(WORKLOADS) == [*named, "hybrid"]
     studies_named = ["cpu", "profile", "burst", "memory", "zero_shot", "pooled", "batch_tokens"]
     assert list(STUDIES) == studies_named
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
@@ -588,3 +588,23 @@ def test_hybrid_bench_folder_is_bge_m3_and_its_table_divides_one_by_three(tmp_pa
     }
     table = hybrid.table(result)
     assert "| one_call | 50.00 | 30.00 |" in table and "| one / three | 0.33 | 0.33 |" in table
+
+
+def test_token_pooling_agreement_counts_each_rankings_moves() -> None:
+    """Kendall's tau of equal and reversed orders; the agreement of a ranking with itself, and
+    with one whose best document was made the worst."""
+    import numpy as np
+
+    from loadtest.workloads import token_pooling
+
+    assert token_pooling.kendall_tau([1, 2, 3], [1, 2, 3]) == 1.0
+    assert token_pooling.kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+    rng = np.random.default_rng(0)
+    docs = [rng.random((5, 4), dtype=np.float32) for _ in range(4)]  # every dot product > 0
+    query = rng.random((3, 4), dtype=np.float32)
+    same = token_pooling.agreement([query], docs, docs, 4)
+    assert same == {"top1": 1.0, "top3": 1.0, "tau": 1.0}
+    best = max(range(4), key=lambda d: token_pooling.maxsim(query, docs[d]))
+    moved = [d * 1e-3 if i == best else d for i, d in enumerate(docs)]
+    worse = token_pooling.agreement([query], docs, moved, 4)
+    assert worse["top1"] == 0.0 and worse["tau"] < 1.0

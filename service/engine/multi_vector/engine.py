@@ -12,17 +12,24 @@ and this engine after it (`MultiVectorConfig` holds the folder's options):
 4. the encoder's token rows go through the Dense modules and the Normalize, token by token;
 5. the answer keeps the rows MultiVectorMask keeps: real tokens and expansion positions, less
    the skiplist's tokens on the tasks it names (documents by default), and for documents only
-   the `keep_only_token_ids`; without a MultiVectorMask, the rows the encoder attended to.
+   the `keep_only_token_ids`; without a MultiVectorMask, the rows the encoder attended to;
+6. token pooling (`token_pooling.pool`): the folder's HierarchicalTokenPooling on the tasks it
+   names, where it stands in the modules (a Normalize after it applies after it), or the
+   request's `pool_factor` (its factor replacing the folder's; without a folder module,
+   `encode_document(token_pooling=HierarchicalTokenPooling(pool_factor, num_protected_tokens))`:
+   after the whole pipeline, the pooled rows normalized, queries left as they are).
 
 Options read (`MultiVectorParams`): `input_type`, `truncate`, `chunk` (LONG_INPUTS=chunk,
-which multi-vector answers do not make: a long input is a 422 saying so). Tokenize and
-decode are the encoder engine's (`UnitTokenizer`).
+which multi-vector answers do not make: a long input is a 422 saying so), `max_tokens_per_doc`
+(the text cut to its first N tokens, prompt and special tokens not counted, before it is
+encoded), `pool_factor` and `protected_tokens` (step 6), `count_tokens` (answer
+`jobs.Counted`). Tokenize and decode are the encoder engine's (`UnitTokenizer`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +38,9 @@ import numpy as np
 from service.backends import Backend
 from service.engine.folders import UnsupportedModel
 from service.engine.forward.tokenizing import UnitTokenizer
-from service.engine.jobs import NO_FORWARD, Unit
-from service.engine.multi_vector.config import MultiVectorConfig
+from service.engine.jobs import NO_FORWARD, Counted, Unit
+from service.engine.multi_vector.config import MultiVectorConfig, TokenPooling
+from service.engine.multi_vector.token_pooling import pool
 from service.engine.params import MultiVectorParams, narrow
 from service.engine.pooling import heads
 from service.engine.types import ModelInfo, Prepared, prepare_each
@@ -97,7 +105,8 @@ class MultiVectorEngine:
             return self.tokenizer.prepare(unit)
         task = narrow(unit.params, MultiVectorParams).input_type
         assert unit.text is not None and task in TASKS
-        ids = self._ids(self.config.prompts.get(task, "") + unit.text, task, unit)
+        text = _cut(self.tok, unit.text, narrow(unit.params, MultiVectorParams).max_tokens_per_doc)
+        ids = self._ids(self.config.prompts.get(task, "") + text, task, unit)
         tokens = self._tokens(ids, task)
         return Prepared(unit=unit, n_tokens=len(tokens.ids), payload=tokens)
 
@@ -159,7 +168,8 @@ class MultiVectorEngine:
     # -- per batch -----------------------------------------------------------------------
     def run(self, batch: list[Prepared]) -> list[Any]:
         """One forward over the padded batch [B, L]; each unit's kept rows [n, D] float32 (the
-        encoder's rows [B, L, H] through the Dense modules and Normalize)."""
+        encoder's rows [B, L, H] through the Dense modules and Normalize), token-pooled where
+        the folder or the unit asks."""
         import torch
         import torch.nn.functional as F
 
@@ -170,7 +180,34 @@ class MultiVectorEngine:
         if self.config.normalize:
             rows = F.normalize(rows, p=2, dim=-1)
         keep_mask = torch.from_numpy(keep).to(rows.device)
-        return [rows[i][keep_mask[i]].cpu().numpy() for i in range(len(batch))]
+        out: list[Any] = []
+        for i, prepared in enumerate(batch):
+            answer = rows[i][keep_mask[i]].cpu().numpy()
+            pooling = self.pooling(prepared.unit)
+            if pooling is not None:
+                answer = pool(answer, pooling)
+            if self.config.normalize_pooled:
+                answer = _normalized(answer)
+            count = prepared.unit.params.count_tokens
+            out.append(Counted(answer, prepared.n_tokens) if count else answer)
+        return out
+
+    def pooling(self, unit: Unit) -> TokenPooling | None:
+        """The token pooling a unit's answer gets (None: none): the request's `pool_factor`
+        and `protected_tokens` over the folder's module (or over sentence-transformers'
+        per-call defaults: documents, normalized), else the folder's module; either only on
+        the tasks it names."""
+        params, pooling = narrow(unit.params, MultiVectorParams), self.config.pooling
+        factor, protected = params.pool_factor, params.protected_tokens
+        if factor is not None or protected is not None:
+            asked = pooling or TokenPooling()
+            if factor is not None:
+                asked = replace(asked, pool_factor=factor, max_tokens=None, distance_threshold=None)
+            if protected is not None:
+                asked = replace(asked, protected_tokens=protected)
+            pooling = asked
+        task = params.input_type
+        return pooling if pooling is not None and task in pooling.tasks else None
 
     def _pad(self, tokens: list[Tokens]) -> tuple[dict[str, Any], np.ndarray]:
         import torch
@@ -186,6 +223,25 @@ class MultiVectorEngine:
         if self.types:
             inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
         return inputs, keep
+
+
+def _normalized(rows: np.ndarray) -> np.ndarray:
+    norms = np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), np.float32(1e-12))
+    out: np.ndarray = (rows / norms).astype(np.float32, copy=False)
+    return out
+
+
+def _cut(tok: Any, text: str, n: int | None) -> str:
+    """`text` cut where its N-th token ends (special tokens not counted), as the encoder engine
+    cuts a reranked document (`forward.tokenizing.pair_texts`); a tokenizer without offsets
+    writes its first N tokens back as text."""
+    if n is None:
+        return text
+    if not getattr(tok, "is_fast", False):
+        return str(tok.convert_tokens_to_string(tok.tokenize(text)[:n]))
+    spans = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    offsets = spans["offset_mapping"]
+    return text[: offsets[n - 1][1]] if len(offsets) > n else text
 
 
 def _skiplist(tok: Any, words: Sequence[str]) -> list[int]:

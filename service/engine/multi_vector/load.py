@@ -38,6 +38,7 @@ def multi_vector_engine(
             "multi-vector models are served on torch: BACKEND=onnx and DTYPE=int8 do not apply "
             "(set BACKEND=torch or auto, DTYPE=float32, bfloat16, float16 or auto)"
         )
+    register_prefixes(pipe.tokenizer, config.prefix_tokens)
     model = pipe.model
     if settings.dtype in ("bfloat16", "float16"):
         model = converted(model, settings.dtype)
@@ -75,10 +76,31 @@ def multi_vector_engine(
     return engine
 
 
+def register_prefixes(tok: Any, prefixes: tuple[str, ...]) -> None:
+    """PyLate's prefixes (`"[Q] "`, `"[unused0]"`) registered on the tokenizer as non-normalized
+    special tokens, as `MultiVectorEncoder._register_prefix_tokens` does, so that the prompt
+    text tokenizes to the one token PyLate inserted: for each, the whole value or else its first
+    word, when the tokenizer knows it and does not already give it as one token."""
+    from transformers import AddedToken
+
+    added = set(getattr(tok, "added_tokens_encoder", None) or {})
+    vocab = tok.get_vocab()
+    register = []
+    for value in prefixes:
+        for prefix in (value, value.split(None, 1)[0]):
+            if prefix not in added and prefix not in vocab:
+                continue
+            if tok.tokenize(prefix) != [prefix]:
+                register.append(AddedToken(prefix, normalized=False, special=True))
+            break
+    if register:
+        tok.add_special_tokens({"additional_special_tokens": register})
+
+
 def _summary(engine: MultiVectorEngine) -> dict[str, Any]:
     """/info's `multi_vector`: the token vectors' width, the scoring, each input type's most
-    tokens, and the query expansion (None: none)."""
-    expansion = engine.config.expansion
+    tokens, the query expansion and the folder's token pooling (None: none)."""
+    expansion, pooling = engine.config.expansion, engine.config.pooling
     return {
         "dimension": engine.info.dimension,
         "scoring": engine.config.similarity,
@@ -90,5 +112,14 @@ def _summary(engine: MultiVectorEngine) -> dict[str, Any]:
             "strategy": expansion.strategy,
             "length": expansion.length,
             "attend": expansion.attend,
+        },
+        "token_pooling": None
+        if pooling is None
+        else {
+            "pool_factor": pooling.pool_factor,
+            "max_tokens": pooling.max_tokens,
+            "distance_threshold": pooling.distance_threshold,
+            "protected_tokens": pooling.protected_tokens,
+            "tasks": list(pooling.tasks),
         },
     }

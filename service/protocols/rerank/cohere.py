@@ -9,7 +9,10 @@ ignored). Every pair is then truncated longest-first at the model's limit, as
 `CrossEncoder.predict` does. Answer (`V2RerankResponse`): `id`, `results` (`index` into
 `documents`, `relevance_score`: `CrossEncoder.predict`'s score), highest first, and `meta`
 (`billed_units.input_tokens`: the tokens every pair took). Scores, order and the cut are
-`service.protocols.rerank.common`'s.
+`service.protocols.rerank.common`'s. On a multi-vector model, the query and each document
+are encoded on their own (truncated at their lengths; `max_tokens_per_doc` cuts the
+document's text first) and `relevance_score` is the document's late-interaction score
+(MaxSim or MeanMaxSim, as `/rerank` gives it); `input_tokens` counts the query once.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field
 
 from service.engine.jobs import Counted, Job
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.errors import Envelope
 from service.protocols import cohere_shapes
+from service.protocols.multi_vector import common as multi_vector
 from service.protocols.rerank.common import documents_job, ranked, relevance, reranker, tokens
 from service.protocols.schemas import INTEGRAL, NonBlank, decode, inputs_list, validate
 from service.protocols.schemas import texts as text_inputs
@@ -55,15 +59,22 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     doc = decode(body, content_type, raw_text=False)
     r = validate(CohereRerankRequest, doc, what="/v2/rerank", max_inputs=s.max_client_batch_size)
 
-    def finish(answers: list[Counted]) -> dict[str, Any]:
-        scores = relevance(answers, info)
+    def answer(scores: list[float], used: int) -> dict[str, Any]:
         return {
             "id": cohere_shapes.answer_id(),
             "results": [
                 {"index": i, "relevance_score": scores[i]} for i in ranked(scores, r.top_n)
             ],
-            "meta": cohere_shapes.meta(tokens(answers)),
+            "meta": cohere_shapes.meta(used),
         }
+
+    if info.output is Output.MULTI_VECTOR:
+        return multi_vector.rerank_job(
+            r.query, r.documents, info, s, answer, max_tokens_per_doc=r.max_tokens_per_doc
+        )
+
+    def finish(answers: list[Counted]) -> dict[str, Any]:
+        return answer(relevance(answers, info), tokens(answers))
 
     return documents_job(r.query, r.documents, finish, pair_max_tokens=r.max_tokens_per_doc)
 
@@ -71,7 +82,8 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
 ENDPOINTS = (
     Endpoint(
         path="/v2/rerank",
-        summary="Rerank documents against a query with a cross-encoder (Cohere v2)",
+        summary="Rerank documents against a query with a cross-encoder, or a multi-vector "
+        "model's MaxSim (Cohere v2)",
         parse=_rerank,
         check=reranker("/v2/rerank"),
         request=CohereRerankRequest,

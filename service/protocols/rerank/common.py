@@ -1,7 +1,9 @@
 """What every rerank dialect shares: which models rerank, the units of a query and its
 documents, the relevance score of each pair, and the order and `top_n` cut of the answer.
 
-A reranker is a cross-encoder: a sequence classifier with one label (TEI's reranker). Each
+A reranker is a cross-encoder: a sequence classifier with one label (TEI's reranker), or a
+multi-vector model, whose documents score their late interaction with the query
+(`service.protocols.multi_vector.common.rerank_job`: no activation). A cross-encoder's
 (query, document) pair is one `logits` unit, truncated longest-first at the model's limit, as
 `CrossEncoder.predict` tokenizes it. The relevance score is the model's own activation of the
 logit, as `CrossEncoder.predict` applies it (`ModelInfo.score_activation`: the config's
@@ -19,7 +21,7 @@ import numpy as np
 
 from service.engine.jobs import Counted, Job, Op, Unit
 from service.engine.params import PairParams
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.errors import InferenceFailed, WrongTask
 from service.protocols.serving import require
 
@@ -32,10 +34,13 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 def reranker(route: str, *, own_activation: bool = True) -> Callable[[ModelInfo], None]:
-    """An `Endpoint.check`: a cross-encoder (one label), else 424 naming what the model is;
-    with `own_activation`, also one whose activation is in `ACTIVATIONS`."""
+    """An `Endpoint.check`: a cross-encoder (one label) or a multi-vector model (its
+    late-interaction scores), else 424 naming what the model is; with `own_activation`, a
+    cross-encoder whose activation is in `ACTIVATIONS`."""
 
     def check(info: ModelInfo) -> None:
+        if info.output is Output.MULTI_VECTOR:
+            return
         require(info, Op.LOGITS, route)
         if len(info.labels) != 1:
             raise WrongTask(

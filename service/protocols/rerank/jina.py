@@ -6,8 +6,11 @@ Request: `query` (non-blank), `documents` (1 to MAX_CLIENT_BATCH_SIZE non-blank 
 truncated longest-first at the model's limit, as `CrossEncoder.predict` does. Answer: `id`,
 `model` (the served name), `usage.total_tokens` (the tokens every pair took) and `results`
 (`index` into `documents`, `relevance_score`: `CrossEncoder.predict`'s score, `document`),
-highest first (`service.protocols.rerank.common`). Errors come in OpenAI's envelope, as on
-every `/v1/*` route (vLLM answers the same).
+highest first (`service.protocols.rerank.common`). On a multi-vector model the query and each
+document are encoded on their own (truncated at their lengths) and `relevance_score` is the
+document's late-interaction score (MaxSim or MeanMaxSim, as `/rerank` gives it; vLLM serves
+ColBERT models here too); `total_tokens` counts the query once. Errors come in OpenAI's
+envelope, as on every `/v1/*` route (vLLM answers the same).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.engine.jobs import Counted, Job
-from service.engine.types import ModelInfo
+from service.engine.types import ModelInfo, Output
 from service.errors import Envelope
+from service.protocols.multi_vector import common as multi_vector
 from service.protocols.rerank.common import documents_job, ranked, relevance, reranker, tokens
 from service.protocols.schemas import INTEGRAL, NonBlank, decode, inputs_list, validate
 from service.protocols.schemas import texts as text_inputs
@@ -65,8 +69,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     r = validate(RerankDocumentsRequest, doc, what="/v1/rerank", max_inputs=s.max_client_batch_size)
     with_text = r.return_documents is not False
 
-    def finish(answers: list[Counted]) -> dict[str, Any]:
-        scores = relevance(answers, info)
+    def answer(scores: list[float], used: int) -> dict[str, Any]:
         results = []
         for i in ranked(scores, r.top_n):
             result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
@@ -76,9 +79,15 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
         return {
             "id": f"rerank-{os.urandom(16).hex()}",
             "model": info.served_name,
-            "usage": {"total_tokens": tokens(answers)},
+            "usage": {"total_tokens": used},
             "results": results,
         }
+
+    if info.output is Output.MULTI_VECTOR:
+        return multi_vector.rerank_job(r.query, r.documents, info, s, answer)
+
+    def finish(answers: list[Counted]) -> dict[str, Any]:
+        return answer(relevance(answers, info), tokens(answers))
 
     return documents_job(r.query, r.documents, finish)
 
@@ -86,7 +95,8 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
 ENDPOINTS = (
     Endpoint(
         path="/v1/rerank",
-        summary="Rerank documents against a query with a cross-encoder (Jina, vLLM)",
+        summary="Rerank documents against a query with a cross-encoder, or a multi-vector "
+        "model's MaxSim (Jina, vLLM)",
         parse=_rerank,
         check=reranker("/v1/rerank"),
         request=RerankDocumentsRequest,
