@@ -62,6 +62,11 @@ class EmbedParams(TextParams):
     ranges: bool = False
     # A SPLADE vector's largest N weights only.
     max_active_dims: int | None = None
+    # Late chunking: the text is one document's chunks joined with single spaces, and these
+    # are the chunks' character spans in it ([start, end), in order). The answer is one vector
+    # per chunk, float32 [chunks, D], each the mean of its own tokens' rows of the document's
+    # last hidden state (`service.engine.forward.late`). None: an ordinary embedding.
+    late_chunks: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
