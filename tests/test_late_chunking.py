@@ -183,3 +183,31 @@ def test_one_text_is_one_chunk_and_openapi_names_the_field(client: TestClient) -
     schema = client.get("/openapi.json").json()["components"]["schemas"]
     for name in ("EmbedRequest", "TextEmbeddingsRequest"):
         assert "late_chunking" in schema[name]["properties"], name
+
+
+# -- the real server --------------------------------------------------------------------------
+@pytest.mark.server
+def test_real_server_late_chunking_through_the_openai_client_and_embed(
+    start_server: Any, embedded_model: Path
+) -> None:
+    """The openai SDK passes `late_chunking` in `extra_body`; /embed takes it as a field. Both
+    equal the transformers reference, short and windowed."""
+    import openai
+
+    server = start_server(MODEL_ID=str(embedded_model))
+    server.wait_ready()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    answer = client.embeddings.create(model="any", input=CHUNKS, extra_body={"late_chunking": True})
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    np.testing.assert_allclose(got, reference_late(embedded_model, CHUNKS), atol=2e-6)
+    assert answer.usage.prompt_tokens > sum(len(c.split()) for c in CHUNKS)
+    long = [f"Chapter {i}: the harbour of town {i} was rebuilt after the storm." for i in range(50)]
+    r = server.post("/embed", json={"inputs": long, "late_chunking": True})
+    assert r.status_code == 200, r.text
+    ref = reference_late(embedded_model, long, window=256, overlap=64)
+    np.testing.assert_allclose(np.array(r.json()), ref, atol=2e-6)
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.embeddings.create(
+            model="any", input=["ok", "\u200b"], extra_body={"late_chunking": True}
+        )
+    assert "input[1]" in str(caught.value)
