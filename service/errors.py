@@ -19,10 +19,15 @@ class ServiceError(Exception):
     status: ClassVar[int] = 500
     error_type: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, headers: dict[str, str] | None = None, at: str = ""
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
+        # Where inside the failing input's path the problem is (`[3]`: its fourth item), so
+        # that the runtime names it as `input[3]`.
+        self.at = at
 
 
 class BadRequest(ServiceError):

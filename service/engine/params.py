@@ -65,6 +65,11 @@ class EmbedParams(TextParams):
     # A `hybrid` unit (a BGE-M3 model): which of its outputs its answer holds, of "dense",
     # "sparse" and "multi_vector", all made from one forward.
     outputs: tuple[Literal["dense", "sparse", "multi_vector"], ...] = ("dense",)
+    # Late chunking: the text is one document's chunks joined with single spaces, and these
+    # are the chunks' character spans in it ([start, end), in order). The answer is one vector
+    # per chunk, float32 [chunks, D], each the mean of its own tokens' rows of the document's
+    # last hidden state (`service.engine.forward.late`). None: an ordinary embedding.
+    late_chunks: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

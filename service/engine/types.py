@@ -163,6 +163,24 @@ class ModelInfo:
         return fields
 
 
+#: Late chunking's limits (`service.engine.forward.late`): a joined document of at most this
+#: many windows' worth of tokens, each window starting with at most `LATE_OVERLAP_TOKENS` of
+#: context before its first chunk (jina-ai/late-chunking's `long_late_chunking_overlap_size`).
+LATE_MAX_WINDOWS = 16
+LATE_OVERLAP_TOKENS = 256
+
+
+def late_limits(max_input_tokens: int) -> dict[str, int]:
+    """Late chunking's limits on a model of `max_input_tokens` (/info's `late_chunking`): the
+    joined text's most tokens, a window's tokens (special tokens included) and the context
+    tokens a window keeps before its first chunk (a quarter of a window, at most 256)."""
+    return {
+        "max_tokens": LATE_MAX_WINDOWS * max_input_tokens,
+        "window_tokens": max_input_tokens,
+        "overlap_tokens": min(LATE_OVERLAP_TOKENS, max_input_tokens // 4),
+    }
+
+
 def _matryoshka(dims: tuple[int, ...] | None) -> list[int] | str | None:
     """/info's view: the widths it was trained for, "any", or None (not trained for cuts)."""
     return None if dims is None else (list(dims) or "any")

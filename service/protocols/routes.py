@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.engine.types import ModelInfo
+from service.engine.jobs import Op
+from service.engine.types import ModelInfo, late_limits
 from service.errors import Envelope
 from service.protocols import inference_api, openai_shapes, openapi
 from service.protocols.classification import tei as classification_tei
@@ -128,6 +129,9 @@ async def info(request: Request) -> Response:
                     "mode": s.long_inputs,
                     "max_input_tokens": model.max_input_tokens if model else None,
                 },
+                "late_chunking": late_limits(model.max_input_tokens)
+                if model and Op.EMBED in model.ops
+                else None,
                 "drain_timeout_s": s.drain_timeout_s,
                 "liveness_stall_s": s.liveness_stall_s,
             },

@@ -330,13 +330,14 @@ def _first_failure(items: list[Item]) -> BaseException | None:
 
 
 def _name_the_input(items: list[Item], failed: BaseException, paths: Sequence[str] | None) -> None:
-    """Prefix a 4xx message with the failing input's path (`inputs[2]`), when it has one."""
+    """Prefix a 4xx message with the failing input's path (`inputs[2]`, and the error's own
+    `at` inside it: `input[3]` for a late-chunked document's fourth chunk), when it has one."""
     if not paths or not isinstance(failed, ServiceError) or failed.status >= 500:
         return
     for item, path in zip(items, paths, strict=True):
         future = item.future
         if future.done() and not future.cancelled() and future.exception() is failed:
-            failed.message = f"{path}: {failed.message}"
+            failed.message = f"{path}{failed.at}: {failed.message}"
             return
 
 

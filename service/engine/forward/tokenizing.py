@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from service import metrics
-from service.engine.forward import windows
+from service.engine.forward import late, windows
 from service.engine.forward.prompts import prompt_length, st_text
 from service.engine.jobs import Op, Unit
 from service.engine.params import TokenParams, narrow
@@ -32,6 +32,9 @@ class Encoded:
     ids: list[int]
     type_ids: list[int] | None
     prompt_tokens: int  # prompt tokens at the start, left out of pooling (include_prompt=False)
+    # A late-chunked document's chunks as [start, end) token positions in `ids`, pooled each
+    # alone (`service.engine.forward.late`); None: pooled as the model pools.
+    spans: tuple[tuple[int, int], ...] | None = None
 
 
 class UnitTokenizer:
@@ -45,6 +48,7 @@ class UnitTokenizer:
         self.types = "token_type_ids" in tok.model_input_names
         self._prompt_tokens: dict[str, int] = {}
         self.chunker = windows.Chunker(tok, info.max_input_tokens, make=_windows_of(self.types))
+        self.late = late.LateChunker(tok, info.max_input_tokens, make=_late_window_of(self.types))
 
     def prepare(self, unit: Unit) -> Prepared:
         """Tokenize one unit and check its length exactly (no forward for tokenize/decode).
@@ -54,6 +58,8 @@ class UnitTokenizer:
         """
         if not _text_to_encode(unit):
             return self._prepare_other(unit)
+        if _late(unit):
+            return self.late.prepare(unit, self._text(unit))
         return self._encode_one(unit)
 
     def prepare_many(self, units: Sequence[Unit]) -> list[Prepared | Exception]:
@@ -67,8 +73,8 @@ class UnitTokenizer:
         out: dict[int, Prepared | Exception] = {}
         groups: dict[tuple[Any, ...], list[int]] = {}
         for k, unit in enumerate(units):
-            if not _text_to_encode(unit):
-                out[k] = prepare_each(self._prepare_other, [unit])[0]
+            if not _text_to_encode(unit) or _late(unit):
+                out[k] = prepare_each(self.prepare, [unit])[0]
             else:
                 groups.setdefault(_encode_key(unit), []).append(k)
         for members in groups.values():
@@ -225,6 +231,18 @@ def _windows_of(types: bool) -> Callable[[list[int], int], Encoded]:
     """A window's `Encoded` from its ids and its prompt tokens (token types: zeros)."""
     return lambda ids, prompt: Encoded(
         ids=ids, type_ids=[0] * len(ids) if types else None, prompt_tokens=prompt
+    )
+
+
+def _late(unit: Unit) -> bool:
+    """A late-chunked document (`EmbedParams.late_chunks`)."""
+    return getattr(unit.params, "late_chunks", None) is not None
+
+
+def _late_window_of(types: bool) -> late.Make:
+    """A late-chunked window's `Encoded` from its ids and its chunks' token spans."""
+    return lambda ids, spans: Encoded(
+        ids=ids, type_ids=[0] * len(ids) if types else None, prompt_tokens=0, spans=spans
     )
 
 

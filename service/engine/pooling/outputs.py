@@ -86,9 +86,10 @@ def embed_rows(
     the int8 ranges `calibration` gives vectors like it."""
     import torch
 
-    rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED]
+    late = late_rows(batch, hidden, mask, dense)
+    rows = [i for i, p in enumerate(batch) if p.unit.op is Op.EMBED and i not in late]
     if not rows:
-        return {}
+        return late
     assert modes is not None
     prompt = torch.tensor([batch[i].payload.prompt_tokens for i in rows])
     mask = mask.to(hidden.device)
@@ -102,7 +103,7 @@ def embed_rows(
     for j, i in enumerate(rows):
         params = narrow(batch[i].unit.params, EmbedParams)
         shapes.setdefault((params.normalize, params.dimensions), []).append(j)
-    out: dict[int, Any] = {}
+    out: dict[int, Any] = late
     for (normalize, dimensions), js in shapes.items():
         chosen = vectors if len(js) == len(rows) else vectors[torch.tensor(js)]
         finished = finish(chosen, normalize=normalize, dimensions=dimensions).cpu().numpy()
@@ -113,6 +114,40 @@ def embed_rows(
             if narrow(batch[i].unit.params, EmbedParams).ranges:
                 assert calibration is not None  # adapters ask only where it was made
                 out[i] = Ranged(vector, calibration.ranges(normalize, dimensions))
+    return out
+
+
+def late_rows(
+    batch: list[Prepared],
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    dense: tuple[heads.DenseHead, ...],
+) -> dict[int, Any]:
+    """Each late-chunked `Op.EMBED` unit's chunk vectors (its payload's `spans`), by batch
+    position: float32 [chunks, D], each the mean of its span's rows of `hidden` [B, L, H]
+    (positions counted from the row's first real token under `mask` [B, L]: left padding),
+    then the `dense` heads, then cut and normalized as its params say
+    (`service.engine.forward.late`)."""
+    import torch
+
+    out: dict[int, Any] = {}
+    for i, p in enumerate(batch):
+        spans = getattr(p.payload, "spans", None) if p.unit.op is Op.EMBED else None
+        if spans is None:
+            continue
+        first = int(mask[i].int().argmax())
+        h = hidden[i].float()
+        pooled = torch.stack([h[first + a : first + b].mean(dim=0) for a, b in spans])
+        params = narrow(p.unit.params, EmbedParams)
+        out[i] = (
+            finish(
+                heads.apply_dense(pooled, dense),
+                normalize=params.normalize,
+                dimensions=params.dimensions,
+            )
+            .cpu()
+            .numpy()
+        )
     return out
 
 

@@ -11,11 +11,13 @@ default prompt); a prompt of the folder named like an input type wins.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from service.engine.jobs import Op, Unit
 from service.engine.params import EmbedParams, Side
 from service.engine.types import ModelInfo
 from service.errors import InvalidInput
@@ -87,6 +89,42 @@ def embedding_params(
         max_tokens=max_tokens,
         max_active_dims=max_active_dims,
     )
+
+
+# -- late chunking ----------------------------------------------------------------------------
+#: The request field (Jina's embeddings API's name and meaning), for `/openapi.json`.
+LATE_CHUNKING = Field(
+    None,
+    description="the inputs are the chunks of one document, in order: they are joined with "
+    "single spaces, encoded once, and each chunk's vector is the mean of its own tokens' "
+    "embeddings in the whole document (late chunking); one vector per input. Documents "
+    "longer than the model's window are encoded in overlapping windows (/info's "
+    "limits.late_chunking)",
+)
+
+
+def late_unit(inputs: Any, params: EmbedParams, field: str) -> Unit:
+    """The one `embed` unit of a late-chunked document whose chunks are `inputs` (a validated
+    `Input`: one text is one chunk): their text joined with single spaces and each chunk's
+    character span in it (`late_chunks`). Its answer is float32 [chunks, D]. Never truncated
+    nor chunked by LONG_INPUTS: a long document is windowed (`service.engine.forward.late`).
+
+    Raises `InvalidInput` for token ids (the spans are the texts') and for int8/uint8
+    encodings (their ranges are those of whole texts' vectors)."""
+    chunks = inputs if isinstance(inputs, list) else [inputs]
+    if not all(isinstance(x, str) for x in chunks):
+        raise InvalidInput(f"late_chunking takes texts: {field} holds token ids")
+    if params.ranges:
+        raise InvalidInput(
+            "encoding_format int8 and uint8 are not served with late_chunking (their ranges are "
+            "calibrated on whole texts' vectors); ask for float, base64, binary or ubinary"
+        )
+    spans, at = [], 0
+    for text in chunks:
+        spans.append((at, at + len(text)))
+        at += len(text) + 1
+    late = dataclasses.replace(params, truncate=False, chunk=False, late_chunks=tuple(spans))
+    return Unit(op=Op.EMBED, text=" ".join(chunks), params=late)
 
 
 #: Cohere's `input_type` -> the sentence-transformers prompt it means.

@@ -30,7 +30,12 @@ from service.engine.jobs import Counted, Job, Op
 from service.engine.types import ModelInfo
 from service.errors import Envelope, InvalidInput
 from service.protocols import tei_shapes
-from service.protocols.embedding.common import dimension_warning, embedding_params
+from service.protocols.embedding.common import (
+    LATE_CHUNKING,
+    dimension_warning,
+    embedding_params,
+    late_unit,
+)
 from service.protocols.encodings import EncodingField, encode_vector
 from service.protocols.schemas import Dimensions, NonBlank, decode, inputs_list, validate
 from service.protocols.serving import (
@@ -54,6 +59,7 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: EncodingField | None = None
     dimensions: Dimensions | None = None
     user: str | None = Field(None, description="accepted and ignored")
+    late_chunking: bool | None = LATE_CHUNKING
 
 
 #: `input` without token ids: what /openapi.json shows while OPENAI_TOKEN_IDS=refuse.
@@ -131,15 +137,12 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
     fmt = r.encoding_format
 
     def finish(answers: list[Counted]) -> dict[str, Any]:
+        vectors = list(answers[0].answer) if late else [a.answer for a in answers]
         data = [
-            {
-                "object": "embedding",
-                "embedding": encode_vector(a.answer, fmt),
-                "index": i,
-            }
-            for i, a in enumerate(answers)
+            {"object": "embedding", "embedding": encode_vector(v, fmt), "index": i}
+            for i, v in enumerate(vectors)
         ]
-        tokens = sum(a.tokens for a in answers)
+        tokens = sum(a.tokens for a in answers)  # late: the joined text's, once
         return {
             "object": "list",
             "data": data,
@@ -148,6 +151,10 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
         }
 
     headers = dimension_warning(info, r.dimensions)
+    late = bool(r.late_chunking)
+    if late:
+        unit = late_unit(r.input, params, "input")
+        return Job([unit], finish, paths=("input",), headers=headers)
     return Job(tei_shapes.units(Op.EMBED, r.input, params), finish, headers=headers)
 
 

@@ -12,12 +12,14 @@ from pydantic import BaseModel, Field, RootModel
 
 from service.engine.jobs import Job, Op, Unit
 from service.engine.types import ModelInfo
-from service.errors import PayloadTooLarge
+from service.errors import InvalidInput, PayloadTooLarge
 from service.protocols.embedding.common import (
+    LATE_CHUNKING,
     SimilarityInputs,
     cosine_to_first,
     dimension_warning,
     embedding_params,
+    late_unit,
 )
 from service.protocols.encodings import EncodingField, encode_all
 from service.protocols.schemas import (
@@ -40,6 +42,7 @@ class EmbedRequest(_Request):
     encoding_format: EncodingField | None = Field(
         None, description="ours: float (default), base64, int8, uint8, binary or ubinary"
     )
+    late_chunking: bool | None = LATE_CHUNKING
 
 
 class EmbedSparseRequest(_Request):
@@ -106,6 +109,15 @@ def _embed(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) 
     )
     fmt = r.encoding_format
     headers = dimension_warning(info, r.dimensions)
+    if r.late_chunking:
+        if r.truncate:
+            raise InvalidInput(
+                "truncate does not combine with late_chunking: a long document is encoded in "
+                "overlapping windows instead (/info's limits.late_chunking)"
+            )
+        unit = late_unit(r.inputs, params, "inputs")
+        finish = lambda a: encode_all(list(a[0]), fmt)  # noqa: E731
+        return Job([unit], finish, paths=("inputs",), headers=headers)
     return Job(units(Op.EMBED, r.inputs, params), lambda a: encode_all(a, fmt), headers=headers)
 
 
