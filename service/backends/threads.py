@@ -14,7 +14,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from service.backends.torch_backend import TorchBackend
 
 # Time a batch may take longer on one thread and still run there: half of the one-client
 # goal's 2 ms over the call.
@@ -36,7 +41,9 @@ def threads_set(n: int) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def _timed(backend: Any, inputs: Mapping[str, Any], threads: int) -> tuple[float, float]:
+def _timed(
+    backend: TorchBackend, inputs: Mapping[str, torch.Tensor], threads: int
+) -> tuple[float, float]:
     """Seconds and process CPU-seconds of one forward on `threads` intra-op threads."""
     with threads_set(threads):
         started, cpu = time.perf_counter(), time.process_time()
@@ -44,7 +51,9 @@ def _timed(backend: Any, inputs: Mapping[str, Any], threads: int) -> tuple[float
         return time.perf_counter() - started, time.process_time() - cpu
 
 
-def fit_one_thread(backend: Any, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def fit_one_thread(
+    backend: TorchBackend, batches: Sequence[Mapping[str, torch.Tensor]]
+) -> dict[str, object]:
     """Set `backend.one_thread_up_to` (a `TorchBackend`) from `batches` (padded inputs,
     smallest first): the padded tokens of the largest batch, counted from the smallest while
     each passes, on which one thread costs less CPU than all of them and at most
