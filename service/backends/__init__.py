@@ -21,7 +21,10 @@ served.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Backend(Protocol):
@@ -31,7 +34,7 @@ class Backend(Protocol):
     dtype: str  # "float32", "bfloat16", "float16" or "int8"
     compute: str  # "packed" (real tokens only, `service.backends.packed`) or "padded"
 
-    def forward(self, inputs: Mapping[str, Any]) -> Any:
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The model's first output for `inputs` (int64 CPU tensors [B, L] by input name) as a
         float32 CPU torch tensor ([B, L, H], [B, labels] or [B, L, vocab]); raises what the
         model raises."""

@@ -21,9 +21,13 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from service.settings import cache_home
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 OPSET = 17
 FORMAT = 1  # bumped when what we export changes (inputs, outputs, options)
@@ -58,7 +62,9 @@ def cache_key(folder: Path) -> str:
     return digest.hexdigest()[:24]
 
 
-def cached_graph(model: Any, folder: Path, example: Mapping[str, Any]) -> tuple[Path, bool]:
+def cached_graph(
+    model: PreTrainedModel, folder: Path, example: Mapping[str, torch.Tensor]
+) -> tuple[Path, bool]:
     """The graph for the model of `folder`: its own, else the cache's, else exported into the
     cache now. Returns (path, exported now). Raises what the export raises (a model that does
     not trace); an unwritable cache folder raises `OSError`."""
@@ -72,7 +78,7 @@ def cached_graph(model: Any, folder: Path, example: Mapping[str, Any]) -> tuple[
     return target, True
 
 
-def export(model: Any, example: Mapping[str, Any], target: Path) -> None:
+def export(model: PreTrainedModel, example: Mapping[str, torch.Tensor], target: Path) -> None:
     """Export `model`'s first output for the inputs named in `example` (int64 tensors [B, L])
     to `target`, with dynamic batch and sequence axes. Written to a temporary file in the same
     folder and renamed, so a reader never sees half a graph and two writers do not clash."""
@@ -116,7 +122,9 @@ def publish(tmp: str, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def write_own_graph(model: Any, folder: Path, example: Mapping[str, Any]) -> Path:
+def write_own_graph(
+    model: PreTrainedModel, folder: Path, example: Mapping[str, torch.Tensor]
+) -> Path:
     """Export into the model folder's own `onnx/model.onnx` (`pipeline-server export`)."""
     target = folder / "onnx" / GRAPH_NAME
     export(model, example, target)
@@ -126,7 +134,7 @@ def write_own_graph(model: Any, folder: Path, example: Mapping[str, Any]) -> Pat
 class _FirstOutput:
     """`model(**named inputs)[0]` as a module taking positional tensors (what tracing feeds)."""
 
-    def __new__(cls, model: Any, names: list[str]) -> Any:
+    def __new__(cls, model: PreTrainedModel, names: list[str]) -> torch.nn.Module:
         import torch
 
         class FirstOutput(torch.nn.Module):  # type: ignore[misc]
@@ -134,7 +142,7 @@ class _FirstOutput:
                 super().__init__()
                 self.model = model
 
-            def forward(self, *args: Any) -> Any:
+            def forward(self, *args: torch.Tensor) -> torch.Tensor:
                 return self.model(**dict(zip(names, args, strict=True)))[0]
 
         return FirstOutput()

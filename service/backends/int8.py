@@ -32,15 +32,19 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from service.backends.export import cache_root, publish
 from service.backends.openvino_backend import OpenVinoBackend
 
+if TYPE_CHECKING:
+    import onnx
+    import torch
+
 FORMAT = 1  # bumped when what the recipe does changes
-RECIPE: Mapping[str, Any] = {
+RECIPE: Mapping[str, str | float] = {
     "method": "static QDQ (onnxruntime quantize_static)",
     "calibration": "MinMax",
     "smooth_quant_alpha": 0.5,
@@ -59,14 +63,14 @@ class CalibrationBatches:
     callable giving their padded int64 batches ({input name: [B, L]}), as the engine feeds."""
 
     sha256: str
-    batches: Callable[[], Iterable[Mapping[str, Any]]]
+    batches: Callable[[], Iterable[Mapping[str, torch.Tensor]]]
 
 
 class CalibrationReader:
     """onnxruntime's `CalibrationDataReader` over `batches`: each as numpy int64, only the
     inputs the graph takes (`names`; a missing `token_type_ids` as zeros), then None."""
 
-    def __init__(self, batches: Iterable[Mapping[str, Any]], names: list[str]) -> None:
+    def __init__(self, batches: Iterable[Mapping[str, torch.Tensor]], names: list[str]) -> None:
         self._batches = (_feed(batch, names) for batch in batches)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -76,8 +80,8 @@ class CalibrationReader:
         return iter(self.get_next, None)
 
 
-def _feed(batch: Mapping[str, Any], names: list[str]) -> dict[str, np.ndarray]:
-    def array(x: Any) -> np.ndarray:
+def _feed(batch: Mapping[str, torch.Tensor], names: list[str]) -> dict[str, np.ndarray]:
+    def array(x: torch.Tensor | np.ndarray) -> np.ndarray:
         return np.asarray(x.numpy() if hasattr(x, "numpy") else x, dtype=np.int64)
 
     ids = array(batch["input_ids"])
@@ -142,7 +146,10 @@ def quantize(source: Path, target: Path, calibration: CalibrationBatches) -> Non
 
 
 def smooth(
-    model: Any, batches: list[Mapping[str, Any]], names: list[str], alpha: float
+    model: onnx.ModelProto,
+    batches: list[Mapping[str, torch.Tensor]],
+    names: list[str],
+    alpha: float,
 ) -> list[str]:
     """SmoothQuant on `model` (an `onnx.ModelProto`, changed in place) for the MatMuls to
     quantize (constant weights [C_in, C_out], C_in <= C_out); returns their names."""
@@ -158,7 +165,10 @@ def smooth(
 
 
 def smooth_matmuls(
-    model: Any, matmuls: list[Any], feeds: list[dict[str, np.ndarray]], alpha: float
+    model: onnx.ModelProto,
+    matmuls: list[onnx.NodeProto],
+    feeds: list[dict[str, np.ndarray]],
+    alpha: float,
 ) -> None:
     """SmoothQuant (Xiao et al. 2023, eq. 4: s_j = max|X_j|^alpha / max|W_j|^(1-alpha)) on
     `matmuls`, nodes of `model` (an `onnx.ModelProto`, changed in place) with constant weights

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+    import torch
 
 
-def session_options(threads: int) -> Any:
+def session_options(threads: int) -> ort.SessionOptions:
     """The session's options: `threads` intra-op threads (the torch thread count: the
     container's CPU quota), one inter-op thread (one inference thread runs one graph at a time;
     a second pool would only compete for the same cores), every graph optimization (fusions of
@@ -38,7 +44,7 @@ class OnnxBackend:
     name = "onnx"
     compute = "padded"
     padded_because = "the exported graph takes padded [B, L] inputs (docs/backends.md)"
-    quantization: dict[str, Any] | None = None  # not quantized (/info's `quantization`)
+    quantization: dict[str, object] | None = None  # not quantized (/info's `quantization`)
 
     def __init__(self, path: Path, threads: int, dtype: str = "float32") -> None:
         import onnxruntime as ort
@@ -51,19 +57,21 @@ class OnnxBackend:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self._first_output = self.session.get_outputs()[0].name
 
-    def forward(self, inputs: Mapping[str, Any]) -> Any:
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         (output,) = self.session.run([self._first_output], graph_feed(inputs, self.input_names))
         return torch.from_numpy(output).float()
 
 
-def graph_feed(inputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
+def graph_feed(
+    inputs: Mapping[str, torch.Tensor | np.ndarray], names: list[str]
+) -> dict[str, np.ndarray]:
     """The numpy arrays an exported graph taking `names` is fed from the engine's `inputs`
     (tensors or arrays): the ones it names, others dropped; a name it takes that `inputs`
     lacks (token_type_ids, for a single text) as zeros shaped like `input_ids`."""
 
-    def array(tensor: Any) -> Any:
+    def array(tensor: torch.Tensor | np.ndarray) -> np.ndarray:
         return tensor.numpy() if hasattr(tensor, "numpy") else tensor
 
     return {

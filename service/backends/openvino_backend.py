@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from service.backends.onnx_backend import graph_feed
 
+if TYPE_CHECKING:
+    import torch
 
-def compile_config(threads: int) -> dict[str, Any]:
+
+def compile_config(threads: int) -> dict[str, int | str]:
     """`threads` inference threads (the torch thread count: the container's CPU quota), one
     stream (one inference thread runs one batch at a time), latency mode."""
     return {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
@@ -31,7 +34,7 @@ class OpenVinoBackend:
     name = "openvino"
     compute = "padded"
     padded_because = "the exported graph takes padded [B, L] inputs (docs/backends.md)"
-    quantization: dict[str, Any] | None = None  # int8: the recipe (/info's `quantization`)
+    quantization: dict[str, object] | None = None  # int8: the recipe (/info's `quantization`)
 
     def __init__(self, path: Path, threads: int, dtype: str = "int8") -> None:
         import openvino
@@ -45,7 +48,7 @@ class OpenVinoBackend:
         self.input_names = [port.get_any_name() for port in self.compiled.inputs]
         self._request = self.compiled.create_infer_request()
 
-    def forward(self, inputs: Mapping[str, Any]) -> Any:
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         output = self._request.infer(graph_feed(inputs, self.input_names))[0]

@@ -23,10 +23,16 @@ embeddings, cross-attention) runs padded: `unsupported` says why.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from service.backends.packing import Packing, tokens_up_to
 from service.backends.torch_backend import TorchBackend
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from service.backends import Backend
 
 # Families whose layers are BERT's (attention.self.{query,key,value}, attention.output,
 # intermediate, output) and those counting positions from padding_idx + 1.
@@ -36,7 +42,7 @@ _FAMILIES = _BERT_LAYERS | {"mpnet"}
 _SUFFIXES = ("Model", "ForSequenceClassification", "ForMaskedLM")
 
 
-def unsupported(model: Any) -> str | None:
+def unsupported(model: PreTrainedModel) -> str | None:
     """Why `model` cannot run packed, in a few words; None when it can."""
     config = model.config
     family = str(getattr(config, "model_type", ""))
@@ -60,7 +66,7 @@ class PackedForward:
     products compile nothing per shape (one GELU kernel a new T), so padding would not pay.
     Raises `ValueError` from the constructor for a model `unsupported` names."""
 
-    def __init__(self, model: Any, buckets: bool | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, buckets: bool | None = None) -> None:
         import torch
 
         why = unsupported(model)
@@ -80,7 +86,7 @@ class PackedForward:
             else "rows"
         )
 
-    def __call__(self, inputs: Mapping[str, Any]) -> Any:
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """`inputs`: the padded int64 batch (`input_ids`, `attention_mask`, optionally
         `token_type_ids`, each [B, L]). Returns the model's first output, in its dtype:
         [B, L, H] token rows, [B, L, vocab] masked-LM logits (zeros at padding), or
@@ -133,7 +139,7 @@ class PackedForward:
                 runs += 1
         return runs
 
-    def _embed(self, inputs: Mapping[str, Any], packing: Packing) -> Any:
+    def _embed(self, inputs: Mapping[str, torch.Tensor], packing: Packing) -> torch.Tensor:
         """The embeddings module on the packed tokens: [size, H]."""
         import torch
 
@@ -146,7 +152,7 @@ class PackedForward:
         else:
             positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
         packed_ids = packing.pack(ids)[None]
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, torch.Tensor] = {
             "input_ids": packed_ids,
             "position_ids": packing.pack(positions)[None],
         }
@@ -157,7 +163,7 @@ class PackedForward:
             )
         return embeddings(**kwargs)[0]
 
-    def _classify(self, x: Any, attention_mask: Any) -> Any:
+    def _classify(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The classifier head on each sequence's first real token ([CLS] / <s>): [B, labels]."""
         import torch
 
@@ -169,7 +175,7 @@ class PackedForward:
         return self.model.classifier(cls)
 
 
-def _fused_qkv(layer: Any, family: str) -> tuple[Any, Any]:
+def _fused_qkv(layer: torch.nn.Module, family: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's query, key and value projections as one: weight [3 x H, H] and bias
     [3 x H] (their outputs side by side, as `Packing.attend` reads them): one matrix product
     instead of three, and one gather per attention group. The three modules' own weights and
@@ -197,7 +203,12 @@ def _fused_qkv(layer: Any, family: str) -> tuple[Any, Any]:
     return weight, bias
 
 
-def _bert_layer(layer: Any, qkv: tuple[Any, Any], x: Any, packing: Packing) -> Any:
+def _bert_layer(
+    layer: torch.nn.Module,
+    qkv: tuple[torch.Tensor, torch.Tensor],
+    x: torch.Tensor,
+    packing: Packing,
+) -> torch.Tensor:
     """One BERT/RoBERTa/XLM-R encoder layer on packed rows [T, H] (post-layer-norm); `qkv`:
     its fused projection (`_fused_qkv`)."""
     import torch.nn.functional as F
@@ -212,7 +223,13 @@ def _bert_layer(layer: Any, qkv: tuple[Any, Any], x: Any, packing: Packing) -> A
     return layer.output(layer.intermediate(x), x)
 
 
-def _mpnet_layer(layer: Any, qkv: tuple[Any, Any], x: Any, packing: Packing, bias: Any) -> Any:
+def _mpnet_layer(
+    layer: torch.nn.Module,
+    qkv: tuple[torch.Tensor, torch.Tensor],
+    x: torch.Tensor,
+    packing: Packing,
+    bias: torch.Tensor,
+) -> torch.Tensor:
     """One MPNet encoder layer on packed rows [T, H]; `qkv`: its fused projection; `bias`: its
     relative-position bias [1, heads, L, L] (`MPNetEncoder.compute_position_bias`)."""
     import torch.nn.functional as F
@@ -233,12 +250,12 @@ class PackedTorchBackend(TorchBackend):
 
     compute = "packed"
 
-    def __init__(self, model: Any, device: Any) -> None:
+    def __init__(self, model: PreTrainedModel, device: torch.device) -> None:
         super().__init__(model, device)
         self.packed = PackedForward(model)
-        self._packed: Callable[[Mapping[str, Any]], Any] = self.packed
+        self._packed: Callable[[Mapping[str, torch.Tensor]], torch.Tensor] = self.packed
 
-    def forward_all_threads(self, inputs: Mapping[str, Any]) -> Any:
+    def forward_all_threads(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         with torch.inference_mode():
@@ -246,7 +263,7 @@ class PackedTorchBackend(TorchBackend):
         return out.float().cpu()
 
 
-def warm_kernels(backend: Any, max_tokens: int, max_batch: int, max_width: int) -> int:
+def warm_kernels(backend: Backend, max_tokens: int, max_batch: int, max_width: int) -> int:
     """`PackedForward.warm` for a packed torch backend (or the packed half of a routed one);
     returns the shapes run, 0 for every other backend."""
     import torch
@@ -258,7 +275,7 @@ def warm_kernels(backend: Any, max_tokens: int, max_batch: int, max_width: int) 
     return 0
 
 
-def torch_backend(model: Any, device: Any) -> TorchBackend:
+def torch_backend(model: PreTrainedModel, device: torch.device) -> TorchBackend:
     """The packed backend where `model` supports it, else the padded `TorchBackend`."""
     why = unsupported(model)
     if why is None:

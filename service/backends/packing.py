@@ -33,7 +33,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # What one more attention call costs, in units of one query-key pair of one head (L^2 per
 # sequence): measured here (AMD EPYC Zen 5, one thread, MiniLM's 12 x 32 heads) at about
@@ -76,10 +79,10 @@ class Group:
     count: int
     first: int = 0
     last: int = 0
-    gather: Any = None
-    scatter: Any = None
-    key_mask: Any = None
-    key_bias: Any = None
+    gather: torch.Tensor | None = None
+    scatter: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = None
+    key_bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,13 +94,13 @@ class Packing:
 
     batch: int
     width: int
-    rows: Any
+    rows: torch.Tensor
     lengths: tuple[int, ...]
     full: bool
     buckets: bool = False
 
     @classmethod
-    def of(cls, attention_mask: Any, buckets: bool = False) -> Packing:
+    def of(cls, attention_mask: torch.Tensor, buckets: bool = False) -> Packing:
         """From the padded batch's attention mask [B, L] (1: a real token, 0: padding)."""
         mask = attention_mask.bool()
         batch, width = (int(n) for n in mask.shape)
@@ -117,19 +120,19 @@ class Packing:
         return token_bucket(self.tokens) if self.buckets else self.tokens
 
     @cached_property
-    def _padded_rows(self) -> Any:
+    def _padded_rows(self) -> torch.Tensor:
         """`rows`, then row 0 for each pad row up to `size`."""
         import torch
 
         pad = self.size - self.tokens
         return torch.cat([self.rows, self.rows.new_zeros(pad)]) if pad else self.rows
 
-    def pack(self, padded: Any) -> Any:
+    def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """[B, L, ...] -> [size, ...]: the real tokens' rows, in order (then pad rows)."""
         flat = padded.reshape(self.batch * self.width, *padded.shape[2:])
         return flat if self.full else flat.index_select(0, self._padded_rows)
 
-    def unpack(self, packed: Any) -> Any:
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """[size, ...] -> [B, L, ...], zeros at padding."""
         packed = packed[: self.tokens]
         if self.full:
@@ -186,7 +189,9 @@ class Packing:
             )
         return tuple(out)
 
-    def attend(self, qkv: Any, heads: int, scale: float, bias: Any | None = None) -> Any:
+    def attend(
+        self, qkv: torch.Tensor, heads: int, scale: float, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Multi-head attention of each sequence to its own real tokens.
 
         `qkv`: the packed query, key and value projections side by side [T, 3 x heads x d];
@@ -203,7 +208,7 @@ class Packing:
         d = hidden // heads
         alone = len(self.groups) == 1 and self.groups[0].gather is None  # every row, in order
         alone = alone and self.size == self.tokens
-        out: Any = None
+        out: torch.Tensor | None = None
         if not alone:  # row T: where padding is written
             out = qkv.new_empty(max(self.size, self.tokens + 1), hidden)
             out[self.tokens :].zero_()
@@ -216,7 +221,7 @@ class Packing:
             else:  # one gather, one copy into [3, g, heads, width, d]
                 x = qkv.index_select(0, g.gather).view(g.count, g.width, 3, heads, d)
                 x = x.permute(2, 0, 3, 1, 4).contiguous()
-            mask: Any = g.key_mask
+            mask: torch.Tensor | None = g.key_mask
             if bias is not None:
                 mask = bias[:, :, : g.width, : g.width].to(qkv.dtype)
                 if g.key_mask is not None:
@@ -235,10 +240,11 @@ class Packing:
                 out[g.first : g.last] = flat
             else:
                 out.index_copy_(0, g.scatter, flat)
+        assert out is not None  # `alone` is one group, returned above
         return out[: self.size]
 
 
-def _bfloat16_attention(x: Any, mask: Any | None, scale: float) -> Any:
+def _bfloat16_attention(x: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """softmax(scale x q.k^T + mask) v for one group: `x` bfloat16 [3, g, heads, width, d]
     (query, key, value; contiguous); `mask` None or an additive bias that broadcasts to
     [g, heads, width, width]. Returns [g, heads, width, d] bfloat16.

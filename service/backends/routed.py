@@ -10,9 +10,12 @@ figures). The choice of which two and where they cross is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from service.backends import Backend
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RoutedBackend:
@@ -29,5 +32,5 @@ class RoutedBackend:
     def backend_for(self, padded_tokens: int) -> Backend:
         return self.small if padded_tokens <= self.max_tokens else self.large
 
-    def forward(self, inputs: Mapping[str, Any]) -> Any:
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return self.backend_for(int(inputs["input_ids"].numel())).forward(inputs)

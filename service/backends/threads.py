@@ -14,12 +14,23 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 # Time a batch may take longer on one thread and still run there: half of the one-client
 # goal's 2 ms over the call.
 SLOWER_BY_AT_MOST_S = 0.001
 ROUNDS = 3
+
+
+class ThreadFitted(Protocol):
+    """What `fit_one_thread` measures and sets: a `TorchBackend`."""
+
+    one_thread_up_to: int
+
+    def forward_all_threads(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor: ...
 
 
 @contextlib.contextmanager
@@ -36,7 +47,9 @@ def threads_set(n: int) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def _timed(backend: Any, inputs: Mapping[str, Any], threads: int) -> tuple[float, float]:
+def _timed(
+    backend: ThreadFitted, inputs: Mapping[str, torch.Tensor], threads: int
+) -> tuple[float, float]:
     """Seconds and process CPU-seconds of one forward on `threads` intra-op threads."""
     with threads_set(threads):
         started, cpu = time.perf_counter(), time.process_time()
@@ -44,7 +57,9 @@ def _timed(backend: Any, inputs: Mapping[str, Any], threads: int) -> tuple[float
         return time.perf_counter() - started, time.process_time() - cpu
 
 
-def fit_one_thread(backend: Any, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def fit_one_thread(
+    backend: ThreadFitted, batches: Sequence[Mapping[str, torch.Tensor]]
+) -> dict[str, object]:
     """Set `backend.one_thread_up_to` (a `TorchBackend`) from `batches` (padded inputs,
     smallest first): the padded tokens of the largest batch, counted from the smallest while
     each passes, on which one thread costs less CPU than all of them and at most

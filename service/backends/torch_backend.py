@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 
 class TorchBackend:
@@ -18,12 +22,12 @@ class TorchBackend:
     # `service.backends.threads.fit_one_thread`; 0: every batch on all of them)
     one_thread_up_to = 0
 
-    def __init__(self, model: Any, device: Any) -> None:
+    def __init__(self, model: PreTrainedModel, device: torch.device) -> None:
         self.model = model
         self.device = device
         self.dtype = str(model.dtype).removeprefix("torch.")
 
-    def forward(self, inputs: Mapping[str, Any]) -> Any:
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if int(inputs["input_ids"].numel()) > self.one_thread_up_to:
             return self.forward_all_threads(inputs)
         from service.backends.threads import threads_set
@@ -31,7 +35,7 @@ class TorchBackend:
         with threads_set(1):  # wakes no other thread (`service.backends.threads`)
             return self.forward_all_threads(inputs)
 
-    def forward_all_threads(self, inputs: Mapping[str, Any]) -> Any:
+    def forward_all_threads(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """`forward` on torch's threads as set."""
         import torch
 
@@ -40,7 +44,7 @@ class TorchBackend:
         return out[0].float().cpu()
 
 
-def converted(model: Any, dtype: str) -> Any:
+def converted(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
     """A copy of `model` in `dtype` ("bfloat16", "float16"); the float32 original is kept as
     the reference the copy is checked against. Raises what `torch.nn.Module.to` raises."""
     import torch

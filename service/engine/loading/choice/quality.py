@@ -34,7 +34,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 MIN_COSINE = 0.9995
 MIN_ROW_COSINE = 0.999
@@ -120,8 +123,8 @@ class Quality:
     def passes(self) -> bool:
         return not self.failed()
 
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"finite": self.finite, "passes": self.passes()}
+    def summary(self) -> dict[str, object]:
+        out: dict[str, object] = {"finite": self.finite, "passes": self.passes()}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "finite" or value is None:
@@ -145,13 +148,13 @@ def combined(*parts: Quality) -> Quality:
     return Quality(**values)
 
 
-def _finite(*tensors: Any) -> bool:
+def _finite(*tensors: torch.Tensor) -> bool:
     import torch
 
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
-def vector_quality(reference: Any, output: Any) -> Quality:
+def vector_quality(reference: torch.Tensor, output: torch.Tensor) -> Quality:
     """Cosine of each row of `output` [B, D] to `reference`'s (lowest and mean over the rows);
     not finite when `output` holds NaN or inf."""
     import torch
@@ -162,7 +165,7 @@ def vector_quality(reference: Any, output: Any) -> Quality:
     return Quality(finite=True, min_cosine=float(cos.min()), mean_cosine=float(cos.mean()))
 
 
-def rows_quality(reference: Any, output: Any, mask: Any) -> Quality:
+def rows_quality(reference: torch.Tensor, output: torch.Tensor, mask: torch.Tensor) -> Quality:
     """The lowest cosine of a real token's row of `output` [B, L, H] to `reference`'s, over
     the positions `mask` [B, L] marks (pad rows are not served: a packed backend leaves them
     zero, a padded one computes them)."""
@@ -177,7 +180,7 @@ def rows_quality(reference: Any, output: Any, mask: Any) -> Quality:
     return Quality(finite=True, min_row_cosine=float(cos.min()))
 
 
-def sparse_quality(reference: Any, output: Any, k: int = TOP_K) -> Quality:
+def sparse_quality(reference: torch.Tensor, output: torch.Tensor, k: int = TOP_K) -> Quality:
     """SPLADE weights `output` [B, V] (>= 0) against float32's `reference` [B, V]: the lowest
     share over the texts of float32's top-k indices (k, or its nonzero count where fewer) kept
     among the candidate's top-k, near ties excused (module docstring), and the largest
@@ -204,14 +207,16 @@ def sparse_quality(reference: Any, output: Any, k: int = TOP_K) -> Quality:
     return Quality(finite=True, top_k_recall=recall, max_dot_diff=float(dots))
 
 
-ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": lambda x: x.sigmoid(),
     "identity": lambda x: x,
     "tanh": lambda x: x.tanh(),
 }
 
 
-def classifier_quality(reference: Any, output: Any, activation: str = "sigmoid") -> Quality:
+def classifier_quality(
+    reference: torch.Tensor, output: torch.Tensor, activation: str = "sigmoid"
+) -> Quality:
     """Logits [B, labels]: softmax probabilities' largest difference to float32's, and whether
     each text keeps its top label wherever float32's two highest probabilities differ by
     more than `TIE`. One logit (a reranker): `score_quality` of `activation` (the model's,
@@ -228,7 +233,9 @@ def classifier_quality(reference: Any, output: Any, activation: str = "sigmoid")
     return Quality(finite=True, max_prob_diff=diff, top_label_kept=kept)
 
 
-def score_quality(reference: Any, output: Any, activation: str = "sigmoid") -> Quality:
+def score_quality(
+    reference: torch.Tensor, output: torch.Tensor, activation: str = "sigmoid"
+) -> Quality:
     """One logit per text [B, 1]: the served scores' (`activation` of the logit) largest
     difference to float32's, over max(1, float32's largest |score|), and whether every two
     texts whose float32 scores differ by more than `TIE` (same units) keep their order."""
