@@ -3,9 +3,8 @@
 OpenVINO reads the quantize/dequantize pairs of the QDQ graph (`service.backends.int8`) as
 int8 operations and runs the quantized MatMuls on the CPU's int8 dot products (VNNI, AMX);
 what the graph keeps float runs at OpenVINO's default inference precision for the CPU
-(bfloat16 where the CPU has it, else float32). onnxruntime ran the same graph at 0.80x torch
-bfloat16 on an AMD EPYC Zen 5; OpenVINO at 1.25x on the server's path, 1.48x as a bare forward
-(docs/backends.md, int8).
+(bfloat16 where the CPU has it, else float32). How fast each runs
+the same graph against torch bfloat16 is in docs/backends.md (int8).
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ token-wise parts of an encoder (embeddings, projections, feed-forward, layer nor
 [T, H] rows of those tokens only; attention is the one part that must see each sequence apart.
 `Packing.attend` runs attention on groups of sequences of similar length, each group padded
 only to its own longest (a key mask where its lengths differ): one group per sequence costs a
-call each (about 40 us here), one group for the batch pads every sequence to the longest
+call each, one group for the batch pads every sequence to the longest
 (attention is quadratic in it). `groups` trades the two with a greedy rule over the lengths
 (`CALL_COST`). A group runs `torch.nn.functional.scaled_dot_product_attention`, or in
 bfloat16, when it holds several sequences, two matrix products around a float32 softmax
-(`_bfloat16_attention`): torch's fused CPU kernel took a quarter of a bfloat16 forward's time
-on short inputs for 2% of its FLOPs. The layer's query, key and value come as one [T, 3 x H]
-projection, so a group reads its rows with one gather and one copy into the heads' layout,
-and writes its context back with one scatter.
+(`_bfloat16_attention`): torch's fused CPU kernel took a large share
+of a bfloat16 forward's time on short inputs for a small share of its FLOPs (docs/backends.md).
+The layer's query, key and value come as one [T, 3 x H] projection, so a group reads its rows
+with one gather and one copy into the heads' layout, and writes its context back with one scatter.
 
 Rows are taken in the padded batch's row-major order, so sequence i's tokens are contiguous
 and in order whichever side the tokenizer pads.
@@ -20,8 +20,8 @@ and in order whichever side the tokenizer pads.
 Shapes the kernels have seen (`buckets`): oneDNN, which runs torch's bfloat16 matrix products
 on the CPU, compiles a kernel for each exact shape it meets (the [T, H] rows' projections and
 feed-forward, GELU) and keeps it in its primitive cache. Packed, T changes with every batch,
-so every batch compiled new kernels (about 14 a batch of 32 short inputs, with the groups'
-bfloat16 products). With buckets the packed rows are T rounded up (`token_bucket`: pad rows
+so every batch compiled new kernels (the groups' bfloat16 products among
+them). With buckets the packed rows are T rounded up (`token_bucket`: pad rows
 copy row 0's token, are computed like any row and are cut off at the end; token-wise parts
 never mix rows, and attention never reads them), so once each bucket's kernels are made
 (`service.backends.packed.PackedForward.warm`) no batch compiles one. The groups' attention
@@ -251,17 +251,15 @@ def _bfloat16_attention(x: torch.Tensor, mask: torch.Tensor | None, scale: float
 
     Two float32 matrix products around a float32 softmax, `SCORES_PER_STEP` scores at a time,
     on a float32 copy of the group's query, key and value. For a group of several short
-    sequences this runs 1.5-3x faster than torch's fused CPU kernel in bfloat16
+    sequences this runs faster than torch's fused CPU kernel in bfloat16
     (`scaled_dot_product_attention`), with the same answers within bfloat16's precision. The
     products are float32 because bfloat16's (oneDNN's) compile a kernel for each new
-    [g x heads, width, d] shape: on arrival-order batches of 32 short inputs, 8 of a batch's
-    14 new kernels, 0.4-4 ms each (and about 0.4 MB each kept in the primitive cache), where
-    float32's products compile nothing and cost the same on these shapes (7.26 against 7.24
-    ms of CPU an input for the whole engine, alternated in one process; AMD EPYC Zen 5, 2
-    threads). For a sequence alone the fused kernel is as fast or faster, so it keeps those.
+    [g x heads, width, d] shape, where float32's compile nothing and cost the same on these
+    shapes (docs/backends.md, shapes the kernels have seen). For a sequence alone the fused
+    kernel is as fast or faster, so it keeps those.
     The key mask comes as an additive float32 one (0, or float32's lowest: the same softmax
     as filling those scores in), made once a batch (`Group.key_bias`): a broadcast
-    `masked_fill_` over the scores cost about 4x the `add_`."""
+    `masked_fill_` over the scores cost several times the `add_`."""
     import torch
 
     _, count, heads, width, d = (int(n) for n in x.shape)

@@ -3,8 +3,8 @@ about no more time, chosen by measurement at start.
 
 A lone short input costs mostly the fixed price of running each operator once; split over two
 threads, each of a small forward's dozens of operators wakes the second thread and waits for
-it, which costs about as much CPU as it saves in time (on an Intel Xeon with AMX, torch
-bfloat16 on one input: 25 ms of CPU on 2 threads, 16 on 1). A batch of at most
+it, which costs about as much CPU as it saves in time (docs/backends.md, small batches on
+one thread). A batch of at most
 `TorchBackend.one_thread_up_to` padded tokens (B x L) runs with `torch.set_num_threads(1)`,
 so it wakes no other thread; larger ones on every thread.
 """

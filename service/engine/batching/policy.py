@@ -23,8 +23,7 @@ How a batch is computed decides both (`ModelInfo.compute`, `service.backends.pac
   With no more than MAX_BATCH_SIZE waiting that is all of them, in arrival order: at the
   default 64, 128 closed-loop clients find 64 waiting whenever a batch ends. With more
   waiting the batches come out closer to length-sorted, at a cost to the tail: an input can
-  be passed over (at 128 clients and MAX_BATCH_SIZE 32, about 96 waiting, the p99 latency
-  was 430-500 ms against 250-320 at 64; docs/backends.md). The window bounds that cost.
+  be passed over (docs/backends.md measures the p99 it costs). The window bounds that cost.
 
 Either way a single input always runs, whatever its length. Starvation is bounded: an input
 passed over MAX_PASSES times, or whose deadline is near, must be in the next batch (earliest
@@ -49,9 +48,9 @@ inputs (`bulk_slice`): the oldest ones whose computed tokens fit a budget that t
 BULK_SLICE_MS by the batch cost model (`bulk_slice_tokens`), and never less than one input. An
 interactive arrival then waits for at most one slice, and its batch runs as fast as without
 bulk work. Without recent interactive traffic a bulk batch is bounded too, at IDLE_SLICES
-slices (100 ms by default, a few % of bulk throughput at most by the cost model): the first
+slices (100 ms by default, a small share of bulk throughput by the cost model): the first
 interactive input after a lull waits for at most that, not for a full batch of long bulk
-inputs (200-300 ms for 32 passages on 2 cores).
+inputs.
 """
 
 from __future__ import annotations

@@ -64,8 +64,8 @@ def pool(
 def _kept_sum(h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """The sum over L of `h` [B, L, H] where `keep` [B, L, 1] is True: [B, H].
 
-    Multiplied by the mask, as ST's mean pooling does (a broadcast `masked_fill` took 5-6x as
-    long on a batch of 32 x 88 x 384). A pad row that is not finite (a decoder's fully masked
+    Multiplied by the mask, as ST's mean pooling does (a broadcast `masked_fill` took several
+    times as long). A pad row that is not finite (a decoder's fully masked
     left padding can give NaN) would leak into that product, so a result that is not finite is
     summed again with the pad rows filled in."""
     summed = (h * keep).sum(dim=1)

@@ -7,7 +7,7 @@ check come from the engine (`Trial`: its own padded batches, its own pooling). C
 - torch float32: the reference, always;
 - onnxruntime float32 (CPU): exported once, cached (`service.backends.export`);
 - torch bfloat16 on a CPU with native bfloat16 (AVX512-BF16 or AMX: elsewhere torch emulates
-  it, about 100x slower), and torch float16 and bfloat16 on CUDA;
+  it, far slower), and torch float16 and bfloat16 on CUDA;
 - int8 (calibrated static, made by onnxruntime's quantizer and run on OpenVINO:
   `service.backends.int8`) only when DTYPE=int8 asks for it (never chosen by `auto`).
 An explicit BACKEND and DTYPE serve that one candidate (measured, for /info), or torch float32

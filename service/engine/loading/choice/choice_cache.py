@@ -1,9 +1,9 @@
 """`auto`'s choice, cached beside the ONNX export, so that a restart serves what the last start
 chose, at once and identically.
 
-Measuring every candidate takes seconds (6 to 23 s for all-MiniLM-L6-v2 on 2 cores, the most
-of a start) and its timings move with the machine's load: three starts on one machine chose
-three ways (vectors of one input up to 3.4e-3 apart). So the first start with `BACKEND=auto`
+Measuring every candidate takes seconds (most of a start: docs/backends.md) and its timings
+move with the machine's load, so starts on one machine can choose differently (with vectors
+that differ within the backends' tolerance). So the first start with `BACKEND=auto`
 and `DTYPE=auto` writes its choice, the served candidate and the small-batch route
 (`service.engine.loading.choice.candidates`), to
 
