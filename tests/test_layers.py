@@ -269,3 +269,43 @@ def test_the_environment_is_read_and_written_in_settings_only() -> None:
             ):
                 touching.append(f"{path.relative_to(SERVICE.parent)}:{node.lineno} os.{node.attr}")
     assert not touching, "the environment touched outside settings.py:\n" + "\n".join(touching)
+
+
+#: the most lines (docstring included) a function and a class of `service/` may span
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 60, 200
+
+
+def oversized(tree: ast.AST) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of each function over MAX_FUNCTION_LINES and each class over
+    MAX_CLASS_LINES in `tree`."""
+    found = []
+    for node in ast.walk(tree):
+        limit = (
+            MAX_FUNCTION_LINES
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            else MAX_CLASS_LINES
+            if isinstance(node, ast.ClassDef)
+            else None
+        )
+        if limit is not None:
+            size = (node.end_lineno or node.lineno) - node.lineno + 1  # type: ignore[attr-defined]
+            if size > limit:
+                found.append((node.name, node.lineno, size))  # type: ignore[attr-defined]
+    return found
+
+
+def test_no_function_over_60_lines_and_no_class_over_200() -> None:
+    big = [
+        f"{path.relative_to(SERVICE.parent)}:{line} {name}: {size} lines"
+        for path in sorted(SERVICE.rglob("*.py"))
+        for name, line, size in oversized(ast.parse(path.read_text()))
+    ]
+    assert not big, "split these:\n" + "\n".join(big)
+
+
+def test_the_size_rule_sees_a_long_function_and_a_long_class() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    assert oversized(ast.parse(f"def f():\n{body}\n")) == [("f", 1, 61)]
+    assert oversized(ast.parse(f"def f():\n{body[: body.rindex(chr(10))]}\n")) == []
+    methods = "\n".join(f"    def m{i}(self):\n        return {i}\n" for i in range(67))
+    assert oversized(ast.parse(f"class C:\n{methods}")) == [("C", 1, 201)]

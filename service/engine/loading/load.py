@@ -153,31 +153,13 @@ KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512", "LRU_CACHE_CAPACITY":
 def load_engine(settings: Settings) -> Engine:
     """Build the pipeline (this takes seconds: inference thread only) and return the engine
     that serves its task (`EncoderEngine` or `PipelineEngine`)."""
-    library_defaults(KERNEL_CACHES)
+    _prepare_libraries(settings)
     import torch
     from transformers import pipeline
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a progress bar is not a log line
-    # transformers gives its loggers a plain-text handler of its own when first used (after
-    # our logging setup): route them to ours instead, errors only (its warnings quote inputs,
-    # e.g. fill-mask targets not in the vocabulary).
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_default_handler()
-    hf_logging.enable_propagation()
-    threads = settings.torch_num_threads or default_torch_threads()
-    torch.set_num_threads(threads)
-    # One inference thread: inter-op pools would only compete with the intra-op threads.
-    # (RuntimeError: already set in this process, as when tests build several engines.)
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
     model_id = settings.model_id or default_model_dir()
     task = infer_task(model_id, settings)
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if settings.dtype == "int8" or settings.backend == "onnx":
-        device = "cpu"  # onnxruntime's CPU build
+    device = _device(settings)
     reranker = causal_reranker_config(model_id, settings) if task == "text-classification" else None
     if reranker is not None:  # a decoder LLM scoring "yes" against "no": no pipeline
         served = served_name(settings, model_id)
@@ -207,12 +189,7 @@ def load_engine(settings: Settings) -> Engine:
     # inference_mode skips autograd's version counters and view tracking that no_grad (the
     # pipeline's default context) still pays for; nothing here ever needs gradients.
     pipe.get_inference_context = lambda: torch.inference_mode
-    tok = pipe.tokenizer
-    limit = _max_input_tokens(pipe)
-    if sentence is not None:  # what sentence-transformers encodes: max_seq_length, lower case
-        positions = getattr(pipe.model.config, "max_position_embeddings", None)
-        limit = min(limit, configure_tokenizer(tok, sentence, positions))
-    tok.model_max_length = limit  # truncation then cuts at the real limit
+    limit = _configure_limit(pipe, sentence)
     if multi is not None:
         served = served_name(settings, model_id)
         return multi_vector_engine(
@@ -228,6 +205,52 @@ def load_engine(settings: Settings) -> Engine:
             backend_summary=MappingProxyType(choice.summary()),
         )
         return PipelineEngine(pipe=pipe, info=info)
+    return _encoder_engine(settings, pipe, info, sentence, model_id=model_id, weights=weights)
+
+
+def _device(settings: Settings) -> str:
+    """DEVICE, `auto` resolved: CUDA where torch sees one; the CPU for onnxruntime's build."""
+    import torch
+
+    if settings.dtype == "int8" or settings.backend == "onnx":
+        return "cpu"  # onnxruntime's CPU build
+    if settings.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return settings.device
+
+
+def _prepare_libraries(settings: Settings) -> None:
+    """Kernel caches, transformers' logging and torch's thread pools, before any model loads."""
+    library_defaults(KERNEL_CACHES)
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a progress bar is not a log line
+    # transformers gives its loggers a plain-text handler of its own when first used (after
+    # our logging setup): route them to ours instead, errors only (its warnings quote inputs,
+    # e.g. fill-mask targets not in the vocabulary).
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    threads = settings.torch_num_threads or default_torch_threads()
+    torch.set_num_threads(threads)
+    # One inference thread: inter-op pools would only compete with the intra-op threads.
+    # (RuntimeError: already set in this process, as when tests build several engines.)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+
+
+def _encoder_engine(
+    settings: Settings,
+    pipe: Pipeline,
+    info: ModelInfo,
+    sentence: SentenceConfig | None,
+    *,
+    model_id: str,
+    weights: str,
+) -> Engine:
+    """The encoder engine on the backend chosen for it, checked finite, its int8 ranges and
+    emitted width calibrated (embedding models)."""
     engine = EncoderEngine(pipe, info, sentence)  # on torch float32: the reference
     if engine.m3 is not None:  # BGE-M3: what /info says of its outputs
         engine.info = dataclasses.replace(engine.info, hybrid=_m3_summary(engine.info, engine.m3))
@@ -238,6 +261,18 @@ def load_engine(settings: Settings) -> Engine:
         root = Path(model_id) if Path(model_id).is_dir() else folder  # Dense heads included
         quantization.calibrate(engine, reference, settings.calibration_file, root, settings.pooling)
     return engine
+
+
+def _configure_limit(pipe: Pipeline, sentence: SentenceConfig | None) -> int:
+    """The most tokens an input is encoded with (what sentence-transformers encodes where its
+    config says: max_seq_length, lower case), set on the tokenizer so truncation cuts there."""
+    tok = pipe.tokenizer
+    limit = _max_input_tokens(pipe)
+    if sentence is not None:
+        positions = getattr(pipe.model.config, "max_position_embeddings", None)
+        limit = min(limit, configure_tokenizer(tok, sentence, positions))
+    tok.model_max_length = limit
+    return limit
 
 
 def _model_info(
