@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import app_client
+from schema_check import validator
 from starlette.testclient import TestClient
 
 from service.engine.forward.late import plan, token_spans
@@ -183,6 +184,38 @@ def test_one_text_is_one_chunk_and_openapi_names_the_field(client: TestClient) -
     schema = client.get("/openapi.json").json()["components"]["schemas"]
     for name in ("EmbedRequest", "TextEmbeddingsRequest"):
         assert "late_chunking" in schema[name]["properties"], name
+
+
+@pytest.mark.parametrize(
+    ("route", "schema", "body", "status"),
+    [
+        ("/embed", "EmbedRequest", {"inputs": ["a", "b"], "late_chunking": True}, 200),
+        ("/embed", "EmbedRequest", {"inputs": [[101, 102], [7]], "late_chunking": True}, 422),
+        ("/embed", "EmbedRequest", {"inputs": [[101, 102], [7]], "late_chunking": False}, 200),
+        ("/embed", "EmbedRequest", {"inputs": "a", "late_chunking": True, "truncate": True}, 422),
+        (
+            "/v1/embeddings",
+            "TextEmbeddingsRequest",
+            {"input": "a", "late_chunking": True, "encoding_format": "uint8"},
+            422,
+        ),
+        (
+            "/v1/embeddings",
+            "TextEmbeddingsRequest",
+            {"input": ["a", "b"], "late_chunking": True, "encoding_format": "base64"},
+            200,
+        ),
+    ],
+)
+def test_the_document_says_what_late_chunking_takes(
+    client: TestClient, route: str, schema: str, body: dict[str, Any], status: int
+) -> None:
+    """A body the document allows is answered; one it refuses is a 422 (fuzzers read it)."""
+    document = client.get("/openapi.json").json()
+    allowed = validator(document, schema).is_valid(body)
+    assert allowed == (status == 200)
+    r = client.post(route, json=body)
+    assert r.status_code == status, r.text
 
 
 # -- the real server --------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from service.engine.jobs import Op, Unit
 from service.engine.params import EmbedParams, Side
@@ -101,6 +102,31 @@ LATE_CHUNKING = Field(
     "longer than the model's window are encoded in overlapping windows (/info's "
     "limits.late_chunking)",
 )
+
+
+def late_chunking_schema(field: str) -> JsonDict:
+    """What a request with `"late_chunking": true` must hold, in the schema too (clients and
+    fuzzers read it): texts in `field` (not token ids), `truncate` not true, an encoding other
+    than int8 and uint8 (`late_unit` refuses the rest). A chunk's token count (/info's
+    limits.late_chunking) is the server's to check: no schema can say it."""
+    text: JsonDict = {"type": "string", "pattern": r"\S"}
+    return {
+        "anyOf": [
+            {
+                "not": {
+                    "properties": {"late_chunking": {"const": True}},
+                    "required": ["late_chunking"],
+                }
+            },
+            {
+                "properties": {
+                    field: {"anyOf": [text, {"type": "array", "items": text}]},
+                    "truncate": {"not": {"const": True}},
+                    "encoding_format": {"not": {"enum": ["int8", "uint8"]}},
+                }
+            },
+        ]
+    }
 
 
 def late_unit(inputs: Any, params: EmbedParams, field: str) -> Unit:

@@ -34,6 +34,7 @@ from service.protocols.embedding.common import (
     LATE_CHUNKING,
     dimension_warning,
     embedding_params,
+    late_chunking_schema,
     late_unit,
 )
 from service.protocols.encodings import EncodingField, encode_vector
@@ -52,7 +53,12 @@ Input = Annotated[
 
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        json_schema_extra=late_chunking_schema("input"),
+    )
 
     input: Input
     model: str | None = Field(None, description="accepted; the answer names the served model")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from service.engine.jobs import Job, Op, Unit
 from service.engine.types import ModelInfo
@@ -19,6 +19,7 @@ from service.protocols.embedding.common import (
     cosine_to_first,
     dimension_warning,
     embedding_params,
+    late_chunking_schema,
     late_unit,
 )
 from service.protocols.encodings import EncodingField, encode_all
@@ -33,6 +34,8 @@ from service.settings import Settings
 
 
 class EmbedRequest(_Request):
+    model_config = ConfigDict(json_schema_extra=late_chunking_schema("inputs"))
+
     inputs: Input
     normalize: bool | None = None
     truncate: bool | None = None
