@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.engine.params import (
     EmbedParams,
@@ -45,6 +45,10 @@ from service.engine.params import (
     TextParams,
     TokenParams,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 class Op(StrEnum):
@@ -112,11 +116,11 @@ class Ranged:
     [2, D]: each dimension's minimum and maximum over the calibration set), for units with
     `ranges`."""
 
-    vector: Any
-    ranges: Any
+    vector: npt.NDArray[np.float32]
+    ranges: npt.NDArray[np.float32]
 
 
-def _identity(answers: list[Any]) -> Any:
+def _identity(answers: list[object]) -> list[object]:
     return answers
 
 
@@ -128,7 +132,7 @@ class Job:
     the request holds one input (its errors need no path)."""
 
     units: Sequence[Unit]
-    finish: Callable[[list[Any]], Any] = _identity
+    finish: Callable[[list[Any]], object] = _identity
     paths: Sequence[str] | None = None
     headers: Mapping[str, str] | None = None  # extra response headers (e.g. `Warning`)
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
 from pydantic import BaseModel, Field
-from pydantic.json_schema import JsonSchemaMode, models_json_schema
+from pydantic.json_schema import JsonSchemaMode, JsonSchemaValue, models_json_schema
 
 from service.engine.types import ModelInfo, Output
 from service.errors import Envelope
@@ -28,11 +28,18 @@ from service.protocols import inference_api, schemas
 from service.protocols.cohere_shapes import CohereError
 from service.protocols.embedding.common import prompt_names
 from service.protocols.openai_shapes import ModelList, OpenAIErrorResponse
+from service.protocols.schemas import JSON
 from service.protocols.serving import Endpoint
 from service.settings import Settings
 
+if TYPE_CHECKING:
+    from pydantic._internal._dataclasses import PydanticDataclass
+
+#: An OpenAPI object (an operation, a response, a schema) as it is built: JSON, by key.
+Node: TypeAlias = dict[str, object]
+
 _REF = "#/components/schemas/{model}"
-_TEXT = {"type": "string", "pattern": r"\S"}
+_TEXT: dict[str, JSON] = {"type": "string", "pattern": r"\S"}
 _HEADER_ID = {
     "description": "the request id (echoed if the client sent a sane one)",
     "schema": {"type": "string"},
@@ -46,6 +53,8 @@ _WARNING = {
     "description": "299: `dimensions` cut a model not trained for Matryoshka cuts to that width",
     "schema": {"type": "string"},
 }
+#: The routes whose answers may carry the `Warning` header (a pooled model's embeddings).
+_WARNED = ("/", "/embed", "/v1/embeddings", "/v2/embed")
 _ERRORS = {
     400: "the body could not be decoded or parsed (invalid UTF-8, malformed JSON, a bad header)",
     401: "API_KEY is set and the bearer token is missing or wrong",
@@ -78,7 +87,10 @@ _ERROR_MODELS: dict[Envelope, type[BaseModel]] = {
     Envelope.COHERE: CohereError,
 }
 
-Refs = dict[tuple[Any, JsonSchemaMode], dict[str, Any]]  # pydantic's: a model, its mode -> $ref
+#: pydantic's: a model, its mode -> its $ref
+Refs: TypeAlias = (
+    "dict[tuple[type[BaseModel] | type[PydanticDataclass], JsonSchemaMode], JsonSchemaValue]"
+)
 
 
 def document_bytes(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> bytes:
@@ -86,7 +98,7 @@ def document_bytes(info: ModelInfo, settings: Settings, endpoints: Sequence[Endp
     return orjson.dumps(document(info, settings, endpoints))
 
 
-def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> dict[str, Any]:
+def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint]) -> Node:
     """The OpenAPI 3.1 document for the loaded model (see the module docstring)."""
     served = [e for e in endpoints if e.serves(info)]
     hf_requests = inference_api.request_models(info)
@@ -101,14 +113,13 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
         (Status, "serialization"),
     ]
     refs, defs = models_json_schema(wanted, ref_template=_REF)
-    components = _specialize(defs.get("$defs", {}), info, settings)
+    components: Node = {"schemas": _specialize(defs.get("$defs", {}), info, settings)}
     secured = settings.api_key is not None
     paths = _model_paths(info, served, requests, refs, secured)
-    for path in ("/", "/embed", "/v1/embeddings", "/v2/embed"):
-        if path in paths and info.output is Output.POOLED:
-            paths[path]["post"]["responses"]["200"]["headers"]["Warning"] = _WARNING
     paths.update(_own_routes(refs, secured))
-    doc: dict[str, Any] = {
+    if secured:
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return {
         "openapi": "3.1.0",
         "info": {
             "title": "pipeline-server",
@@ -119,11 +130,8 @@ def document(info: ModelInfo, settings: Settings, endpoints: Sequence[Endpoint])
             ),
         },
         "paths": paths,
-        "components": {"schemas": components},
+        "components": components,
     }
-    if secured:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-    return doc
 
 
 def _model_paths(
@@ -132,11 +140,13 @@ def _model_paths(
     requests: dict[str, type[BaseModel]],
     refs: Refs,
     secured: bool,
-) -> dict[str, Any]:
-    """The operations of `POST /` and of each route in `served`."""
+) -> dict[str, Node]:
+    """The operations of `POST /` and of each route in `served`; on a pooled model the
+    embedding routes' answers list the `Warning` header."""
     hf_requests = inference_api.request_models(info)
     root_errors = (*_MODEL_ERRORS, 424) if info.task == "feature-extraction" else _MODEL_ERRORS
-    paths: dict[str, Any] = {}
+    pooled = info.output is Output.POOLED
+    paths: dict[str, Node] = {}
     if info.output is not Output.MULTI_VECTOR:  # token vectors: POST / answers 424 there
         paths["/"] = {
             "post": _operation(
@@ -147,6 +157,7 @@ def _model_paths(
                 errors=root_errors,
                 secured=secured,
                 raw_text=_raw_text(info),
+                warning=pooled,
             )
         }
     for e in served:
@@ -159,46 +170,43 @@ def _model_paths(
                 errors=_MODEL_ERRORS,
                 secured=secured,
                 envelope=e.envelope,
+                warning=pooled and e.path in _WARNED,
             )
         }
     return paths
 
 
-def _raw_text(info: ModelInfo) -> dict[str, Any]:
+def _raw_text(info: ModelInfo) -> JSON:
     """`POST /`'s text/plain body: some text (fill-mask: holding the mask token)."""
     return _with_pattern(_TEXT, re.escape(info.mask_token)) if info.mask_token else _TEXT
 
 
-def _one_of(refs: list[dict[str, Any]]) -> dict[str, Any]:
+def _one_of(refs: list[Node]) -> Node:
     return refs[0] if len(refs) == 1 else {"oneOf": refs}
 
 
 def _operation(
     operation_id: str,
     summary: str,
-    request: dict[str, Any] | None,
-    answer: dict[str, Any],
+    request: Node | None,
+    answer: Node,
     *,
     errors: Sequence[int],
     secured: bool,
     envelope: Envelope = Envelope.SERVICE,
-    raw_text: dict[str, Any] | None = None,
-    media: str = "application/json",
-) -> dict[str, Any]:
-    op: dict[str, Any] = {
+    raw_text: JSON = None,
+    warning: bool = False,
+) -> Node:
+    op: Node = {
         "operationId": operation_id,
         "summary": summary,
         "responses": {
-            "200": {
-                "description": "the answer",
-                "headers": {"X-Request-ID": _HEADER_ID},
-                "content": {media: {"schema": answer}},
-            },
+            **_answer_response(answer, warning=warning),
             **_error_responses(errors, secured=secured, envelope=envelope),
         },
     }
     if request is not None:
-        content: dict[str, Any] = {"application/json": {"schema": request}}
+        content: Node = {"application/json": {"schema": request}}
         if raw_text:
             content["text/plain"] = {"schema": raw_text}
         op["requestBody"] = {"required": True, "content": content}
@@ -207,13 +215,27 @@ def _operation(
     return op
 
 
-def _error_responses(
-    statuses: Sequence[int], *, secured: bool, envelope: Envelope
-) -> dict[str, Any]:
+def _answer_response(
+    answer: Node, *, warning: bool = False, media: str = "application/json"
+) -> dict[str, Node]:
+    """The 200 response (with `warning`, listing the `Warning` header)."""
+    headers: Node = {"X-Request-ID": _HEADER_ID}
+    if warning:
+        headers["Warning"] = _WARNING
+    return {
+        "200": {
+            "description": "the answer",
+            "headers": headers,
+            "content": {media: {"schema": answer}},
+        }
+    }
+
+
+def _error_responses(statuses: Sequence[int], *, secured: bool, envelope: Envelope) -> Node:
     schema = {"$ref": _REF.format(model=_ERROR_MODELS[envelope].__name__)}
-    out = {}
+    out: Node = {}
     for status in sorted({*statuses, *((401,) if secured else ())}):
-        headers: dict[str, Any] = {"X-Request-ID": _HEADER_ID}
+        headers: Node = {"X-Request-ID": _HEADER_ID}
         if status == 503:
             headers["Retry-After"] = _RETRY_AFTER
         out[str(status)] = {
@@ -224,67 +246,92 @@ def _error_responses(
     return out
 
 
-def _own_routes(refs: dict[Any, dict[str, Any]], secured: bool) -> dict[str, Any]:
+def _own_routes(refs: Refs, secured: bool) -> dict[str, Node]:
     """The probes, /metrics, /info, /openapi.json and /v1/models."""
     status = refs[(Status, "serialization")]
-    anything: dict[str, Any] = {"type": "object"}
-
-    def get(operation_id: str, summary: str, answer: Any, errors: Sequence[int], **kw: Any) -> Any:
-        op = _operation(operation_id, summary, None, answer, errors=errors, secured=False, **kw)
-        return {"get": op}
-
-    ready = get("readyz", "Readiness: 200 once the model is loaded and warm", status, (500,))
-    ready["get"]["responses"]["503"] = {
-        "description": "loading, draining or failed",
-        "headers": {"X-Request-ID": _HEADER_ID, "Retry-After": _RETRY_AFTER},
-        "content": {"application/json": {"schema": status}},
-    }
-    live = get("livez", "Liveness: the inference thread is alive and not stuck", status, (500,))
-    live["get"]["responses"]["503"] = {
-        "description": "the inference thread died, the load failed, or a batch is stuck",
-        "headers": {"X-Request-ID": _HEADER_ID},
-        "content": {"application/json": {"schema": status}},
-    }
-    routes = {
-        "/readyz": ready,
-        "/livez": live,
-        "/metrics": get(
+    anything: Node = {"type": "object"}
+    probe_headers: Node = {"X-Request-ID": _HEADER_ID, "Retry-After": _RETRY_AFTER}
+    return {
+        "/readyz": _get(
+            "readyz",
+            "Readiness: 200 once the model is loaded and warm",
+            status,
+            (500,),
+            unready=("loading, draining or failed", probe_headers),
+        ),
+        "/livez": _get(
+            "livez",
+            "Liveness: the inference thread is alive and not stuck",
+            status,
+            (500,),
+            unready=(
+                "the inference thread died, the load failed, or a batch is stuck",
+                {"X-Request-ID": _HEADER_ID},
+            ),
+        ),
+        "/metrics": _get(
             "metrics", "Prometheus metrics", {"type": "string"}, (500,), media="text/plain"
         ),
-        "/info": get("info", "The model, batching and limits", anything, (500,)),
-        "/openapi.json": get("openapi", "This document", anything, (503, 500)),
-        "/v1/models": get(
+        "/info": _get("info", "The model, batching and limits", anything, (500,), key=secured),
+        "/openapi.json": _get("openapi", "This document", anything, (503, 500)),
+        "/v1/models": _get(
             "v1_models",
             "The served model (OpenAI)",
             refs[(ModelList, "serialization")],
             (503, 500),
             envelope=Envelope.OPENAI,
+            key=secured,
         ),
     }
-    for path in ("/info", "/v1/models"):
-        op = routes[path]["get"]
-        if secured:
-            op["security"] = [{"bearer": []}]
-            envelope = Envelope.SERVICE if path == "/info" else Envelope.OPENAI
-            op["responses"].update(_error_responses((401,), secured=True, envelope=envelope))
-    return routes
 
 
-def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -> dict[str, Any]:
+def _get(
+    operation_id: str,
+    summary: str,
+    answer: Node,
+    errors: Sequence[int],
+    *,
+    envelope: Envelope = Envelope.SERVICE,
+    media: str = "application/json",
+    unready: tuple[str, Node] | None = None,
+    key: bool = False,
+) -> Node:
+    """A `GET` route's item: a probe's 503 (`unready`: its description and headers, with the
+    answer's schema), or (`key`) the bearer token and its 401."""
+    responses: Node = {
+        **_answer_response(answer, media=media),
+        **_error_responses(errors, secured=False, envelope=envelope),
+    }
+    if unready is not None:
+        description, headers = unready
+        responses["503"] = {
+            "description": description,
+            "headers": headers,
+            "content": {"application/json": {"schema": answer}},
+        }
+    op: Node = {"operationId": operation_id, "summary": summary, "responses": responses}
+    if key:
+        op["security"] = [{"bearer": []}]
+        responses.update(_error_responses((401,), secured=True, envelope=envelope))
+    return {"get": op}
+
+
+def _specialize(schemas_: dict[str, JSON], info: ModelInfo, settings: Settings) -> dict[str, JSON]:
     """Fill in this deployment's values where the models mark them (see
     `service.protocols.schemas`)."""
 
-    def walk(node: Any) -> Any:
+    def walk(node: JSON) -> JSON:
         if isinstance(node, list):
             return [walk(x) for x in node]
         if not isinstance(node, dict):
             return node
         node = {k: walk(v) for k, v in node.items()}
-        if schemas.MAX_INPUTS in node:
-            node["maxItems"] = settings.max_client_batch_size - int(node.pop(schemas.MAX_INPUTS))
+        reserved = node.pop(schemas.MAX_INPUTS, None)
+        if isinstance(reserved, int):
+            node["maxItems"] = settings.max_client_batch_size - reserved
         if node.pop(schemas.PROMPT_NAME, None):
             names = prompt_names(info)
-            node = {**node, "enum": names} if names else {"not": {}}
+            node = {**node, "enum": list(names)} if names else {"not": {}}
         if node.pop(schemas.DENSE_ONLY, None) and info.output is Output.SPARSE:
             return {"not": {}}  # the null beside it stays: a sparse model takes only null
         if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:
@@ -296,14 +343,15 @@ def _specialize(schemas_: dict[str, Any], info: ModelInfo, settings: Settings) -
     out = {name: walk(schema) for name, schema in schemas_.items()}
     if info.mask_token:  # fill-mask: every input holds the mask token
         for schema in out.values():
-            if "inputs" in schema.get("properties", {}):
-                schema["properties"]["inputs"] = _with_pattern(
-                    schema["properties"]["inputs"], re.escape(info.mask_token)
+            properties = schema.get("properties") if isinstance(schema, dict) else None
+            if isinstance(properties, dict) and "inputs" in properties:
+                properties["inputs"] = _with_pattern(
+                    properties["inputs"], re.escape(info.mask_token)
                 )
     return out
 
 
-def _with_pattern(node: Any, pattern: str) -> Any:
+def _with_pattern(node: JSON, pattern: str) -> JSON:
     """`node` with each text's pattern (`\\S`) replaced by `pattern`."""
     if isinstance(node, list):
         return [_with_pattern(x, pattern) for x in node]

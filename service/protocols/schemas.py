@@ -10,7 +10,7 @@ pydantic's errors become one message that names the offending path (`inputs[1]`,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeAlias, TypeVar
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo
@@ -22,6 +22,10 @@ _RAW_TYPES = {"text/plain", "application/x-www-form-urlencoded", "application/oc
 _UTF8 = {"utf-8", "utf8", "us-ascii", "ascii"}
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+#: A JSON value as `orjson.loads` gives one (and as answers are written).
+JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
 
 # -- field types shared by the request models --------------------------------------------------
 # The `x-*` keys mark where the OpenAPI document (`service.protocols.openapi`) fills in this
@@ -33,7 +37,7 @@ TOKEN_ID = "x-token-id"  # maximum: the model's vocabulary size - 1
 DENSE_ONLY = "x-dense-only"  # dense-embedding options: only null on a sparse (SPLADE) model
 
 
-def _integral(value: Any) -> Any:
+def _integral(value: object) -> object:
     """A JSON number with no fraction (`3.0`) is the integer it writes (JSON Schema's
     `integer`); anything else is left to the strict check."""
     if isinstance(value, float) and value.is_integer():
@@ -54,7 +58,7 @@ Normalize = Annotated[bool, Field(json_schema_extra={DENSE_ONLY: True})]
 TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID: True}), INTEGRAL]
 
 
-def inputs_list(reserved: int = 0) -> Any:
+def inputs_list(reserved: int = 0) -> object:
     """`Field` metadata for a list of inputs (at least one; at most MAX_CLIENT_BATCH_SIZE less
     `reserved`, e.g. the source sentence of a similarity request)."""
     return Field(min_length=1, json_schema_extra={MAX_INPUTS: reserved})
@@ -64,7 +68,7 @@ class RawText(str):
     """A body sent as plain text (not JSON): the whole body is one input."""
 
 
-def _request_in_text(text: str) -> dict[str, Any] | None:
+def _request_in_text(text: str) -> dict[str, JSON] | None:
     """`text` parsed, when it is a JSON object with `inputs` (a JSON request sent as text)."""
     if not text.lstrip().startswith("{"):
         return None
@@ -75,13 +79,13 @@ def _request_in_text(text: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and "inputs" in doc else None
 
 
-def decode(body: bytes, content_type: str | None, *, raw_text: bool) -> Any:
+def decode(body: bytes, content_type: str | None, *, raw_text: bool) -> JSON:
     """The JSON document, or (`raw_text` routes only) the whole body as `RawText`.
 
     On a raw-text route a body sent as text (text/plain, a form type, octet-stream, none) that
     parses as a JSON object with `inputs` is that object: it is a JSON request whose client did
     not say so (`curl -d` sends `application/x-www-form-urlencoded`), never a text to embed.
-    Any other text stays the one input. Raises 400 (invalid UTF-8, malformed JSON), 415 (a
+    Other text stays the one input. Raises 400 (invalid UTF-8, malformed JSON), 415 (a
     content type or charset not accepted) or 422 (raw text that is empty)."""
     media, _, rest = (content_type or "").partition(";")
     media = media.strip().lower()
@@ -97,13 +101,14 @@ def decode(body: bytes, content_type: str | None, *, raw_text: bool) -> Any:
         check_text(text, "input")
         return _request_in_text(text) or RawText(text)
     try:
-        return orjson.loads(body)  # orjson checks UTF-8 itself: no decoded copy on the loop
+        doc: JSON = orjson.loads(body)  # orjson checks UTF-8 itself: no decoded copy on the loop
+        return doc
     except orjson.JSONDecodeError as exc:
         _utf8(body)  # invalid UTF-8 gets its own message
         raise BadRequest(f"malformed JSON: {exc}") from None
 
 
-def validate(model: type[M], doc: Any, *, what: str, max_inputs: int) -> M:
+def validate(model: type[M], doc: object, *, what: str, max_inputs: int) -> M:
     """`doc` validated as `model`; raises 413 (too many inputs) or 422 with one message.
 
     `what` names the task or route in messages about parameters (`unknown parameter(s) for
@@ -163,7 +168,7 @@ def _path(loc: Sequence[int | str]) -> str:
 
 def _fields_at(model: type[BaseModel], where: Sequence[int | str]) -> list[str]:
     """The accepted field names of the (sub)model at `where` (by field names, not positions)."""
-    current: Any = model
+    current: type[BaseModel] = model
     for part in where:
         if isinstance(part, int):
             continue
@@ -175,7 +180,7 @@ def _fields_at(model: type[BaseModel], where: Sequence[int | str]) -> list[str]:
     return sorted(current.model_fields)
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def _model_of(annotation: object) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):
@@ -216,13 +221,13 @@ def check_text(text: str, path: str) -> None:
         raise InvalidInput(f"{path} is empty; send some text")
 
 
-def texts(path: str, *, pairs: bool = False) -> Callable[[Any, ValidationInfo], Any]:
+def texts(path: str, *, pairs: bool = False) -> Callable[[object, ValidationInfo], object]:
     """A validator for `str | list[str]` inputs at `path` (with `pairs`, also text-pair objects
     `{"text", "text_pair"}` and lists of them): types, emptiness and the client batch bound
     (413 past MAX_CLIENT_BATCH_SIZE), with messages naming the input."""
     one = "a string or a text pair object" if pairs else "a string"
 
-    def check(value: Any, info: ValidationInfo) -> Any:
+    def check(value: object, info: ValidationInfo) -> object:
         if isinstance(value, list):
             for i, item in enumerate(check_list(value, path, info, "string")):
                 _check_one(item, f"{path}[{i}]", one, pairs)
@@ -235,7 +240,7 @@ def texts(path: str, *, pairs: bool = False) -> Callable[[Any, ValidationInfo], 
     return check
 
 
-def _check_one(item: Any, at: str, one: str, pairs: bool) -> None:
+def _check_one(item: object, at: str, one: str, pairs: bool) -> None:
     if pairs and isinstance(item, dict):
         for key in ("text", "text_pair"):
             if isinstance(item.get(key), str) and not item[key].strip():
@@ -247,7 +252,7 @@ def _check_one(item: Any, at: str, one: str, pairs: bool) -> None:
         raise invalid(f"{at} is empty; send some text")
 
 
-def check_list(value: list[Any], path: str, info: ValidationInfo, one: str) -> list[Any]:
+def check_list(value: list[T], path: str, info: ValidationInfo, one: str) -> list[T]:
     """A non-empty list within MAX_CLIENT_BATCH_SIZE (413 past it)."""
     if not value:
         raise invalid(f"{path} is an empty list; send at least one {one.split()[-1]}")

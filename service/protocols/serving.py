@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -44,14 +44,14 @@ class Endpoint:
     summary: str
     parse: Parse
     check: Callable[[ModelInfo], None]
-    request: type[Any]
-    response: type[Any]
+    request: type[BaseModel]
+    response: type[BaseModel]
     envelope: Envelope = Envelope.SERVICE
     # The request model /openapi.json shows for these settings, where it differs from
     # `request` (which parses): OpenAI's `input` without token ids while they are refused.
-    documented: Callable[[Settings], type[Any]] | None = None
+    documented: Callable[[Settings], type[BaseModel]] | None = None
 
-    def request_model(self, settings: Settings) -> type[Any]:
+    def request_model(self, settings: Settings) -> type[BaseModel]:
         """The request model /openapi.json documents under `settings`."""
         return self.request if self.documented is None else self.documented(settings)
 
@@ -76,7 +76,7 @@ def needs(op: Op, route: str) -> Callable[[ModelInfo], None]:
 
 
 def json_response(
-    content: Any, status: int = 200, headers: dict[str, str] | None = None
+    content: object, status: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
     """orjson-encoded JSON; numpy arrays (embeddings, token rows) are encoded directly, in
     float32's shortest form."""
@@ -84,7 +84,7 @@ def json_response(
     return Response(body, status_code=status, headers=headers, media_type=_JSON)
 
 
-def _fallback(obj: Any) -> Any:
+def _fallback(obj: object) -> object:
     if hasattr(obj, "tolist"):  # torch tensors, non-contiguous arrays
         return obj.tolist()
     raise TypeError(type(obj).__name__)

@@ -32,9 +32,11 @@ input list makes; each route lives with its task (`service.protocols.<task>.tei`
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, TypeGuard, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
 from service.engine.jobs import Op, Unit
@@ -54,14 +56,14 @@ from service.settings import Settings
 
 
 # -- input validators (messages that name the input; pydantic then checks the types) ---------
-def embed_inputs(path: str) -> Any:
+def embed_inputs(path: str) -> Callable[[object, ValidationInfo], object]:
     """A validator for TEI's `Input` at `path`: a string, a list of token ids (one input), or a
     list of strings and token-id lists (at most MAX_CLIENT_BATCH_SIZE: 413 past it)."""
 
-    def check(value: Any, info: ValidationInfo) -> Any:
+    def check(value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
             _text(value, path)
-        elif _is_ids(value):
+        elif isinstance(value, list) and _is_ids(value):
             _ids(value, path)
         elif isinstance(value, list):
             for i, item in enumerate(check_list(value, path, info, "input")):
@@ -82,11 +84,11 @@ def embed_inputs(path: str) -> Any:
     return check
 
 
-def _is_ids(value: Any) -> bool:
+def _is_ids(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(_is_int(x) for x in value)
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: object) -> TypeGuard[int | float]:
     """An integer, or a JSON number with no fraction (`3.0`: JSON Schema's integer)."""
     if isinstance(x, float):
         return x.is_integer()
@@ -98,7 +100,7 @@ def _text(value: str, at: str) -> None:
         raise invalid(f"{at} is empty; send some text")
 
 
-def _ids(value: list[Any], at: str) -> None:
+def _ids(value: Sequence[object], at: str) -> None:
     if not value:
         raise invalid(f"{at} is an empty list; send at least one token id")
     for j, token in enumerate(value):
@@ -106,7 +108,7 @@ def _ids(value: list[Any], at: str) -> None:
             raise invalid(f"{at}[{j}] must be a token id (an integer >= 0), not {token!r}")
 
 
-def _predict_inputs(value: Any, info: ValidationInfo) -> Any:
+def _predict_inputs(value: object, info: ValidationInfo) -> object:
     """TEI's `PredictInput`: a string, a pair `[a, b]` (or `[a]`), or a batch of those
     `[[a], [a, b], ...]`."""
     if isinstance(value, str):
@@ -139,7 +141,7 @@ def _sequence(value: list[str], at: str) -> None:
         _text(text, f"{at}[{j}]")
 
 
-def _ids_inputs(value: Any, info: ValidationInfo) -> Any:
+def _ids_inputs(value: object, info: ValidationInfo) -> object:
     """TEI's `InputIds`: one list of token ids, or a list of them."""
     if _is_ids(value):
         return value
@@ -175,16 +177,17 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-def _checked_text(value: Any, path: str) -> Any:
+def _checked_text(value: object, path: str) -> object:
     if isinstance(value, str):
         _text(value, path)
     return value
 
 
 # -- adapters ---------------------------------------------------------------------------------
-def _parsed(
-    model: type[_Request], body: bytes, content_type: str | None, path: str, s: Settings
-) -> Any:
+R = TypeVar("R", bound=_Request)
+
+
+def _parsed(model: type[R], body: bytes, content_type: str | None, path: str, s: Settings) -> R:
     doc = decode(body, content_type, raw_text=False)
     return validate(model, doc, what=path, max_inputs=s.max_client_batch_size)
 
@@ -213,7 +216,7 @@ def _pair_params(truncate: bool | None, direction: str | None, s: Settings) -> P
     )
 
 
-def scores(logits: Any, raw: bool) -> np.ndarray:
+def scores(logits: npt.ArrayLike, raw: bool) -> npt.NDArray[np.float32]:
     """TEI's scores (`Infer::predict`): the logits with `raw_scores`, else their softmax over
     the labels, or the sigmoid of the one logit of a single-label model; float32, as TEI's
     (computed in float64). Raises 500 for NaN (TEI's "score is NaN")."""

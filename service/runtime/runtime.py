@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
 
 import structlog
 from starlette.requests import ClientDisconnect, Request
@@ -203,7 +202,7 @@ class Runtime:
         request: Request,
         deadline: float,
         paths: Sequence[str] | None = None,
-    ) -> list[Any]:
+    ) -> list[object]:
         """Admit the units, then await their answers (`submit`, then `wait`); `paths` name
         each unit's input in error messages (`inputs[2]`)."""
         return await self.wait(self.submit(units, deadline), request, deadline, paths)
@@ -214,7 +213,7 @@ class Runtime:
         request: Request,
         deadline: float,
         paths: Sequence[str] | None = None,
-    ) -> list[Any]:
+    ) -> list[object]:
         """The answers, in order. Raises the first failed input's ServiceError (its message
         prefixed with its path), 504 at the deadline, 503 when the drain time ends, or
         `ClientGone` when the client disconnects.
@@ -249,7 +248,7 @@ class Runtime:
         return _answers(items, why, paths)
 
 
-def _answers(items: list[Item], why: str, paths: Sequence[str] | None) -> list[Any]:
+def _answers(items: list[Item], why: str, paths: Sequence[str] | None) -> list[object]:
     """The items' answers once the wait ended for `why` (`_Waiter`), or what it raises: the
     first failed input's error (named by its path), else why it stopped."""
     failed = _first_failure(items)
@@ -305,7 +304,7 @@ class _Waiter:
         self._left = units
         self._lock = threading.Lock()
 
-    def unit_done(self, future: concurrent.futures.Future[Any]) -> None:
+    def unit_done(self, future: concurrent.futures.Future[object]) -> None:
         with self._lock:
             self._left -= 1
             last = self._left == 0

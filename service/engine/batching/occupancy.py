@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any
 
 from prometheus_client import Gauge
 
@@ -41,7 +40,7 @@ class Occupancy:
         self.running = 0
         self._gauges = (waiting_gauge, running_gauge)
 
-    def admit(self, futures: Sequence[Future[Any]]) -> RequestTally:
+    def admit(self, futures: Sequence[Future[object]]) -> RequestTally:
         """One request's inputs were queued (all of them, by `WorkQueue.offer`): it waits."""
         tally = RequestTally(self, len(futures))
         with self._lock:
@@ -51,7 +50,7 @@ class Occupancy:
             future.add_done_callback(tally.input_done)
         return tally
 
-    def start(self, started: Iterable[tuple[RequestTally | None, Future[Any]]]) -> None:
+    def start(self, started: Iterable[tuple[RequestTally | None, Future[object]]]) -> None:
         """These inputs' futures were just marked running (the inference thread, before the
         batch's forward): their requests run."""
         with self._lock:
@@ -88,7 +87,7 @@ class RequestTally:
         self._queued = inputs
         self._running: set[int] = set()  # id() of the futures in the running batch
 
-    def expand(self, futures: Sequence[Future[Any]]) -> None:
+    def expand(self, futures: Sequence[Future[object]]) -> None:
         """One of the request's inputs became these parts (a long input's windows): each is
         queued, and runs and settles on its own, until the input itself settles."""
         with self._occupancy._lock:
@@ -101,14 +100,14 @@ class RequestTally:
             return "running"
         return "waiting" if self._queued else None
 
-    def start(self, future: Future[Any]) -> None:
+    def start(self, future: Future[object]) -> None:
         """`future`'s input moved from the queue into the batch (occupancy lock held)."""
         was = self.stage()
         self._queued -= 1
         self._running.add(id(future))
         self._occupancy._moved(was, self.stage())
 
-    def input_done(self, future: Future[Any]) -> None:
+    def input_done(self, future: Future[object]) -> None:
         """A done-callback: the input was answered, failed or cancelled, in any thread."""
         occupancy = self._occupancy
         with occupancy._lock:

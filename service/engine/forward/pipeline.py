@@ -19,6 +19,7 @@ from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 
 if TYPE_CHECKING:
+    import torch
     from transformers import Pipeline
 
 
@@ -120,7 +121,7 @@ class PipelineEngine:
             self._check_predictions(chunks[0]["input_ids"], calls)
         return Prepared(unit=unit, n_tokens=n_tokens, payload=_Chunks(chunks, calls))
 
-    def _check_predictions(self, input_ids: Any, calls: Calls) -> None:
+    def _check_predictions(self, input_ids: torch.Tensor, calls: Calls) -> None:
         """Fill-mask: at most MAX_FILL_MASK_PREDICTIONS predictions (masks x top_k) per input."""
         masks = int((input_ids == self.pipe.tokenizer.mask_token_id).sum())
         top_k = int(calls.postprocess.get("top_k", 5))
@@ -148,7 +149,7 @@ class PipelineEngine:
             )
 
     # -- per batch ----------------------------------------------------------------------
-    def run(self, batch: list[Prepared]) -> list[Any]:
+    def run(self, batch: list[Prepared]) -> list[object]:
         """Run one batch (all with the same parameters) and return each input's answer.
 
         Shapes: `batch` holds N inputs; the pipeline's forward sees one padded tensor of
@@ -172,7 +173,7 @@ class PipelineEngine:
             outputs = list(
                 PipelineIterator([padded], lambda x: x, {}, loader_batch_size=len(units))
             )
-        answers: list[Any] = []
+        answers: list[object] = []
         start = 0
         chunked = isinstance(pipe, ChunkPipeline)
         for w in work:

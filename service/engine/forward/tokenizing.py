@@ -9,9 +9,9 @@ Options it reads (`service.engine.params.TextParams`, `TokenParams` for tokenize
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from service.engine.params import TokenParams, narrow
 from service.engine.pooling.sentence import SentenceConfig
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 
 @dataclass(eq=False, slots=True)
@@ -41,7 +44,9 @@ class UnitTokenizer:
     """The encoder engine's `prepare` and `prepare_many`, on the pipeline's tokenizer `tok`:
     each unit to its `Encoded` ids (or its answer, for tokenize and decode)."""
 
-    def __init__(self, tok: Any, info: ModelInfo, sentence: SentenceConfig | None) -> None:
+    def __init__(
+        self, tok: PreTrainedTokenizerBase, info: ModelInfo, sentence: SentenceConfig | None
+    ) -> None:
         self.tok = tok
         self.info = info
         self.sentence = sentence
@@ -71,7 +76,7 @@ class UnitTokenizer:
         in Rust with the GIL released once, instead of once per text with the Python of a call
         around each. The ids are the same either way (`tests/engine/test_encoder.py`)."""
         out: dict[int, Prepared | Exception] = {}
-        groups: dict[tuple[Any, ...], list[int]] = {}
+        groups: dict[tuple[Hashable, ...], list[int]] = {}
         for k, unit in enumerate(units):
             if not _text_to_encode(unit) or _late(unit):
                 out[k] = prepare_each(self.prepare, [unit])[0]
@@ -179,7 +184,7 @@ class UnitTokenizer:
             self._prompt_tokens[name] = prompt_length(self.tok, self.info.prompts[name])
         return self._prompt_tokens[name]
 
-    def _tokens(self, unit: Unit) -> list[dict[str, Any]]:
+    def _tokens(self, unit: Unit) -> list[dict[str, int | str | bool | None]]:
         """TEI's /tokenize answer for one input (its `into_tokens`): each token's id, its text,
         whether the tokenizer added it (the special-tokens mask: [CLS], [SEP]; an [UNK] from the
         text is not special) and its span as UTF-8 byte offsets into the input with its prompt
@@ -221,7 +226,7 @@ def _text_to_encode(unit: Unit) -> bool:
     return unit.ids is None and unit.op is not Op.DECODE and unit.op is not Op.TOKENIZE
 
 
-def _encode_key(unit: Unit) -> tuple[Any, ...]:
+def _encode_key(unit: Unit) -> tuple[Hashable, ...]:
     """What must be alike for units to share one tokenizer call."""
     p = unit.params
     return (p.truncate, p.direction, p.strategy, p.max_tokens, p.pair_max_tokens, unit.pair is None)
@@ -246,7 +251,7 @@ def _late_window_of(types: bool) -> late.Make:
     )
 
 
-def _truncated(enc: Any, i: int) -> bool:
+def _truncated(enc: BatchEncoding, i: int) -> bool:
     """The tokenizer cut text `i` of the call's answer `enc` (its overflow is not empty)."""
     encodings = getattr(enc, "encodings", None)
     return bool(encodings and encodings[i].overflowing)
@@ -279,7 +284,7 @@ def _too_long(n: int, limit: int, unit: Unit) -> InvalidInput:
     )
 
 
-def pair_texts(tok: Any, units: Sequence[Unit]) -> list[str]:
+def pair_texts(tok: PreTrainedTokenizerBase, units: Sequence[Unit]) -> list[str]:
     """Each unit's pair text; with `pair_max_tokens` N, cut where its N-th token ends (its
     first N tokens, special tokens not counted), so that the pair then holds at most N tokens
     of it (Cohere's `max_tokens_per_doc`). A tokenizer without offsets (not a fast one)

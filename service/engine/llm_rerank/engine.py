@@ -27,9 +27,10 @@ first N tokens first, as the encoder engine cuts it). Tokenize and decode are th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from service import metrics
 from service.engine.forward.tokenizing import UnitTokenizer, pair_texts
@@ -39,12 +40,26 @@ from service.engine.params import PairParams, narrow
 from service.engine.types import ModelInfo, Prepared, prepare_each
 from service.errors import InvalidInput
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+#: One turn of a chat, its content plain or structured ([{"type": "text", "text": ...}]).
+Message: TypeAlias = dict[str, str | list[dict[str, str]]]
+#: The tokenizer's size arguments (`truncation`, `max_length`).
+Size: TypeAlias = str | int | bool | None
+
 
 class CausalRerankEngine:
     """A decoder LLM scoring pairs by its "yes" and "no" logits."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, info: ModelInfo, config: RerankerConfig, device: Any
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        info: ModelInfo,
+        config: RerankerConfig,
+        device: torch.device,
     ) -> None:
         self.model, self.tok, self.info, self.config, self.device = (
             model,
@@ -83,7 +98,7 @@ class CausalRerankEngine:
     def _encode(self, unit: Unit, *, truncate: bool) -> list[int]:
         assert unit.text is not None
         pair = None if unit.pair is None else pair_texts(self.tok, [unit])[0]
-        size: dict[str, Any] = {"truncation": "longest_first", "max_length": None}
+        size: dict[str, Size] = {"truncation": "longest_first", "max_length": None}
         if truncate:
             size["max_length"] = self.info.max_input_tokens
         else:
@@ -99,7 +114,7 @@ class CausalRerankEngine:
                 ids[len(ids) - keep :] = suffix[len(suffix) - keep :]
         return ids
 
-    def _messages(self, text: str, pair: str | None) -> list[dict[str, Any]]:
+    def _messages(self, text: str, pair: str | None) -> list[Message]:
         """The conversation sentence-transformers renders for a pair (or one text)."""
         turns = [("user", text)] if pair is None else [("query", text), ("document", pair)]
         if self.config.prompt:
@@ -108,7 +123,7 @@ class CausalRerankEngine:
             return [{"role": r, "content": [{"type": "text", "text": c}]} for r, c in turns]
         return [{"role": r, "content": c} for r, c in turns]
 
-    def _render(self, messages: list[dict[str, Any]], **size: Any) -> list[int]:
+    def _render(self, messages: list[Message], **size: Size) -> list[int]:
         out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True, **size)
         return [int(i) for i in out["input_ids"]]
 
@@ -131,7 +146,7 @@ class CausalRerankEngine:
         return self._suffixes[paired]
 
     # -- per batch -----------------------------------------------------------------------
-    def run(self, batch: list[Prepared]) -> list[Any]:
+    def run(self, batch: list[Prepared]) -> list[object]:
         """One forward over the left-padded batch [B, L]; each unit's answer from its score."""
         import torch
 
@@ -153,12 +168,14 @@ class CausalRerankEngine:
         scores = score.numpy()
         return [self._answer(p, float(s)) for p, s in zip(batch, scores, strict=True)]
 
-    def _answer(self, prepared: Prepared, score: float) -> Any:
+    def _answer(self, prepared: Prepared, score: float) -> object:
         unit = prepared.unit
         if unit.op is Op.CLASSIFY:
             function = narrow(unit.params, PairParams).function_to_apply or "sigmoid"
             value = {"sigmoid": 1 / (1 + np.exp(-score)), "softmax": 1.0, "none": score}[function]
-            answer: Any = [{"label": self.info.labels[0], "score": float(value)}]
+            answer: list[dict[str, object]] | npt.NDArray[np.float32] = [
+                {"label": self.info.labels[0], "score": float(value)}
+            ]
         else:
             answer = np.array([score], dtype=np.float32)
         return Counted(answer, prepared.n_tokens) if unit.params.count_tokens else answer

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from service.engine.folders import (
     SCORE_ACTIVATIONS,
@@ -28,6 +28,9 @@ from service.engine.folders import (
 from service.engine.pooling.heads import UnsupportedHead, read_dense
 from service.engine.pooling.sentence import MODES, SentenceConfig
 from service.engine.pooling.sparse import ACTIVATIONS, STRATEGIES, SpladeSpec
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _LEGACY_MODE_KEYS = {  # pre-6 `1_Pooling/config.json` booleans, in the same order
     "pooling_mode_cls_token": "cls",
@@ -93,7 +96,7 @@ def read_sentence_config(folder: Path) -> SentenceConfig | None:
     if default is not None and default not in prompts:  # SentenceTransformer refuses it too
         raise UnsupportedModel(f"default_prompt_name {default!r} is not one of the prompts")
     max_seq_length = transformer.get("max_seq_length")
-    common: dict[str, Any] = {
+    common: _Common = {
         "include_prompt": True,
         "max_seq_length": None if max_seq_length is None else int(max_seq_length),
         "do_lower_case": bool(transformer.get("do_lower_case", False)),
@@ -126,6 +129,18 @@ def read_sentence_config(folder: Path) -> SentenceConfig | None:
         matryoshka_dimensions=matryoshka_dimensions(folder),
         **common,
     )
+
+
+class _Common(TypedDict):
+    """What a dense and a SPLADE folder's `SentenceConfig` share."""
+
+    include_prompt: bool
+    max_seq_length: int | None
+    do_lower_case: bool
+    prompts: dict[str, str]
+    default_prompt_name: str | None
+    transformer_path: str
+    folder: str
 
 
 def _check_layout(modules: list[Module]) -> bool:
@@ -235,7 +250,7 @@ def _check_normalize(config_file: Path, where: str) -> None:
         raise UnsupportedModel(f"Normalize module ({where}) on token rows is not supported")
 
 
-def score_activation(config: Any, trust_remote_code: bool = False) -> str:
+def score_activation(config: PretrainedConfig, trust_remote_code: bool = False) -> str:
     """The activation `CrossEncoder.predict` applies to a one-label model's logit, as it picks
     it: the model config's `sentence_transformers.activation_fn` (or the older
     `sbert_ce_default_activation_function`) when it is a torch class (any class with

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,7 +304,7 @@ class _Legacy:
         return Mask(skiplist_words=tuple(string.punctuation) if words is None else words)
 
 
-def _module_kind(entry: dict[str, Any]) -> str:
+def _module_kind(entry: Mapping[str, object]) -> str:
     """The class name of a modules.json entry if it is one this server applies, else
     `UnsupportedModel` naming it and the class that loads the folder."""
     ref = str(entry.get("type", ""))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -84,10 +84,10 @@ class DenseHead:
     weight: torch.Tensor  # [out, in]
     bias: torch.Tensor | None  # [out]
     residual: torch.Tensor | None  # [out, in] when use_residual and the widths differ
-    activation: Any  # torch.nn.Module
+    activation: torch.nn.Module
 
 
-def load_dense(folder: Path, spec: DenseSpec, device: Any = "cpu") -> DenseHead:
+def load_dense(folder: Path, spec: DenseSpec, device: torch.device | str = "cpu") -> DenseHead:
     """Weights and activation of `spec` on `device` (inference thread). Raises `UnsupportedHead` for
     missing weights, shapes other than the config's, or an activation that is not a torch
     `nn.Module` class."""
@@ -129,7 +129,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     raise UnsupportedHead(f"Dense module ({folder.name}) has no model.safetensors")
 
 
-def _activation(path: str, where: str) -> Any:
+def _activation(path: str, where: str) -> torch.nn.Module:
     import importlib
     import inspect
 
@@ -163,5 +163,5 @@ def apply_dense(x: torch.Tensor, heads: tuple[DenseHead, ...]) -> torch.Tensor:
     return x
 
 
-def _on(t: torch.Tensor | None, device: Any) -> torch.Tensor | None:
+def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return None if t is None else t.to(device)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, BeforeValidator, ConfigDict, RootModel
 
 from service.engine.jobs import Job, Op, Unit
@@ -88,7 +89,7 @@ def _zero_shot(request: _Request, info: ModelInfo, settings: Settings) -> Job:
         for hyp in hypotheses
     ]
 
-    def finish(logits: list[Any]) -> Any:
+    def finish(logits: list[npt.ArrayLike]) -> object:
         n = len(labels)
         answers = [
             zero_shot_scores(logits[i * n : (i + 1) * n], labels, params.multi_label, info)
@@ -101,7 +102,7 @@ def _zero_shot(request: _Request, info: ModelInfo, settings: Settings) -> Job:
 
 def hypothesis(template: str, label: str) -> str:
     """The hypothesis for `label`: the template's `{}` (or `{0}`) replaced by it, which is what
-    the pipeline's `template.format(label)` gives for such templates. Any other brace is
+    the pipeline's `template.format(label)` gives for such templates. Every other brace is
     refused (422): `str.format` would run format specs (`{:>99999999}` built a 100 MB string
     per label on the event loop) and attribute lookups (`{0.__class__}`)."""
     text = template.replace("{0}", "{}")
@@ -125,8 +126,8 @@ def _labels(raw: list[str] | str) -> list[str]:
 
 
 def zero_shot_scores(
-    logits: Sequence[Any], labels: list[str], multi_label: bool, info: ModelInfo
-) -> list[dict[str, Any]]:
+    logits: Sequence[npt.ArrayLike], labels: list[str], multi_label: bool, info: ModelInfo
+) -> list[dict[str, object]]:
     """The zero-shot pipeline's postprocess for one sequence: from each label's NLI logits,
     entailment against contradiction per label (multi_label, or one label), else a softmax of
     the entailment logits over the labels; highest first, in the spec's `{label, score}`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+import numpy.typing as npt
 from pydantic import BaseModel, BeforeValidator, RootModel
 
 from service.engine.jobs import Job, Op, Unit
@@ -60,14 +61,14 @@ def _predict(body: bytes, content_type: str | None, info: ModelInfo, s: Settings
             jobs.append(Unit(op=Op.LOGITS, text=seq[0], pair=pair, params=params))
     raw = bool(r.raw_scores)
 
-    def finish(logits: list[Any]) -> Any:
+    def finish(logits: list[npt.ArrayLike]) -> object:
         answers = [predictions(x, info.labels, raw) for x in logits]
         return answers if batch else answers[0]
 
     return Job(jobs, finish)
 
 
-def predictions(logits: Any, labels: Sequence[str], raw: bool) -> list[dict[str, Any]]:
+def predictions(logits: npt.ArrayLike, labels: Sequence[str], raw: bool) -> list[dict[str, object]]:
     """Every label's score, highest first (ties: in label order)."""
     values = scores(logits, raw)
     order = sorted(range(values.size), key=lambda i: (-values[i], i))

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from service.engine.jobs import Counted, Job, Op, Unit
 from service.engine.multi_vector.scoring import late_interaction
 from service.engine.params import MultiVectorParams
@@ -43,7 +45,7 @@ def query_and_documents(
     ]
 
 
-def scores(answers: Sequence[Any], info: ModelInfo) -> list[float]:
+def scores(answers: Sequence[Counted | np.ndarray], info: ModelInfo) -> list[float]:
     """Each document's score against the query (`answers`: the query's token vectors, then
     each document's, bare or `Counted`), by the model's own similarity (MaxSim, or
     MeanMaxSim)."""
@@ -57,7 +59,7 @@ def rerank_job(
     documents: Sequence[str],
     info: ModelInfo,
     s: Settings,
-    finish: Callable[[list[float], int], Any],
+    finish: Callable[[list[float], int], object],
     max_tokens_per_doc: int | None = None,
 ) -> Job:
     """The Cohere and Jina rerank routes on a multi-vector model: the query and documents
@@ -69,7 +71,7 @@ def rerank_job(
     )
     paths = ["query", *(f"documents[{i}]" for i in range(len(documents)))]
 
-    def answer(answers: list[Counted]) -> Any:
+    def answer(answers: list[Counted]) -> object:
         return finish(scores(answers, info), sum(a.tokens for a in answers))
 
     return Job(units, answer, paths)

@@ -17,7 +17,7 @@ document's text first) and `relevance_score` is the document's late-interaction 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, Field
 
@@ -59,7 +59,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     doc = decode(body, content_type, raw_text=False)
     r = validate(CohereRerankRequest, doc, what="/v2/rerank", max_inputs=s.max_client_batch_size)
 
-    def answer(scores: list[float], used: int) -> dict[str, Any]:
+    def answer(scores: list[float], used: int) -> dict[str, object]:
         return {
             "id": cohere_shapes.answer_id(),
             "results": [
@@ -73,7 +73,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
             r.query, r.documents, info, s, answer, max_tokens_per_doc=r.max_tokens_per_doc
         )
 
-    def finish(answers: list[Counted]) -> dict[str, Any]:
+    def finish(answers: list[Counted]) -> dict[str, object]:
         return answer(relevance(answers, info), tokens(answers))
 
     return documents_job(r.query, r.documents, finish, pair_max_tokens=r.max_tokens_per_doc)

@@ -15,7 +15,6 @@ document order; `top_n` keeps the first n.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -24,6 +23,9 @@ from service.engine.params import PairParams
 from service.engine.types import ModelInfo, Output
 from service.errors import InferenceFailed, WrongTask
 from service.protocols.serving import require
+
+#: A relevance score: a Python float, or float32 as TEI's rule computes it.
+Score = float | np.float32
 
 #: `ModelInfo.score_activation` -> the function applied to the logit (float64 in, float32 out).
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -70,7 +72,7 @@ def pair_units(
 def documents_job(
     query: str,
     documents: Sequence[str],
-    finish: Callable[[list[Any]], Any],
+    finish: Callable[[list[Counted]], object],
     pair_max_tokens: int | None = None,
 ) -> Job:
     """The job of ranking `documents` against `query`: `pair_units`, answered by `finish`,
@@ -89,7 +91,7 @@ def relevance(answers: Sequence[Counted], info: ModelInfo) -> list[float]:
     return [float(s) for s in scores]
 
 
-def ranked(scores: Sequence[float], top_n: int | None) -> list[int]:
+def ranked(scores: Sequence[Score], top_n: int | None) -> list[int]:
     """Document indices, highest score first (ties in document order), the first `top_n`
     (None or 0: all)."""
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))

@@ -16,7 +16,7 @@ envelope, as on every `/v1/*` route (vLLM answers the same).
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -69,10 +69,10 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     r = validate(RerankDocumentsRequest, doc, what="/v1/rerank", max_inputs=s.max_client_batch_size)
     with_text = r.return_documents is not False
 
-    def answer(scores: list[float], used: int) -> dict[str, Any]:
+    def answer(scores: list[float], used: int) -> dict[str, object]:
         results = []
         for i in ranked(scores, r.top_n):
-            result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+            result: dict[str, object] = {"index": i, "relevance_score": scores[i]}
             if with_text:
                 result["document"] = {"text": r.documents[i]}
             results.append(result)
@@ -86,7 +86,7 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     if info.output is Output.MULTI_VECTOR:
         return multi_vector.rerank_job(r.query, r.documents, info, s, answer)
 
-    def finish(answers: list[Counted]) -> dict[str, Any]:
+    def finish(answers: list[Counted]) -> dict[str, object]:
         return answer(relevance(answers, info), tokens(answers))
 
     return documents_job(r.query, r.documents, finish)

@@ -6,14 +6,16 @@ the model's own similarity: no activation, `raw_scores` changes nothing), highes
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated
 
+import numpy.typing as npt
 from pydantic import BaseModel, BeforeValidator, Field, RootModel
 
 from service.engine.jobs import Job, Op, Unit
 from service.engine.types import ModelInfo, Output
 from service.protocols.multi_vector import common as multi_vector
-from service.protocols.rerank.common import ranked, reranker
+from service.protocols.rerank.common import Score, ranked, reranker
 from service.protocols.schemas import (
     NonBlank,
     inputs_list,
@@ -69,17 +71,17 @@ def _rerank(body: bytes, content_type: str | None, info: ModelInfo, s: Settings)
     params = _pair_params(r.truncate, r.truncation_direction, s)
     jobs = [Unit(op=Op.LOGITS, text=r.query, pair=t, params=params) for t in r.texts]
 
-    def finish(logits: list[Any]) -> Any:
+    def finish(logits: list[npt.ArrayLike]) -> object:
         return _ranks([scores(x, raw)[0] for x in logits], r.texts, with_text)
 
     return Job(jobs, finish)
 
 
-def _ranks(values: list[Any], texts: list[str], with_text: bool) -> list[dict[str, Any]]:
+def _ranks(values: Sequence[Score], texts: list[str], with_text: bool) -> list[dict[str, object]]:
     """Every text, highest score first (ties in text order)."""
     ranks = []
     for i in ranked(values, None):
-        rank: dict[str, Any] = {"index": i, "score": values[i]}
+        rank: dict[str, object] = {"index": i, "score": values[i]}
         if with_text:
             rank["text"] = texts[i]
         ranks.append(rank)

@@ -14,10 +14,10 @@ what is checked is what is served, and the backends layer knows tensors only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from service.backends.int8 import CalibrationBatches
 from service.engine.forward.encoder import EncoderEngine
@@ -30,13 +30,16 @@ from service.engine.loading.choice.quality import (
     sparse_quality,
     vector_quality,
 )
-from service.engine.loading.choice.ranking import Compare
+from service.engine.loading.choice.ranking import Compare, Inputs
 from service.engine.loading.warmup import sample_unit
 from service.engine.pooling.calibration import read_set
 from service.engine.pooling.pool import pool
 from service.engine.pooling.sparse import SpladeSpec, splade_pool
 from service.engine.types import Output
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    import torch
 
 # Fixed texts: the quality check's inputs, and (repeated) the timing batches'.
 TEXTS = (
@@ -98,7 +101,7 @@ def calibration_batches(engine: EncoderEngine, path: str | None) -> CalibrationB
     them: prepared as traffic, length-sorted, padded batches of 32."""
     texts = read_set(path)
 
-    def batches() -> Iterator[Mapping[str, Any]]:
+    def batches() -> Iterator[Inputs]:
         ordered = sorted(texts.texts, key=len)
         for start in range(0, len(ordered), 32):
             chunk = ordered[start : start + 32]
@@ -107,7 +110,7 @@ def calibration_batches(engine: EncoderEngine, path: str | None) -> CalibrationB
     return CalibrationBatches(texts.sha256, batches)
 
 
-def compare_for(engine: EncoderEngine, mask: Any) -> Compare:
+def compare_for(engine: EncoderEngine, mask: torch.Tensor) -> Compare:
     """The check of the model's first output on inputs under `mask` [B, L], by what the model
     serves (`Output`): pooled vectors and token rows, token rows, SPLADE weights, or scores."""
     output, info = engine.info.output, engine.info
@@ -125,12 +128,14 @@ def compare_for(engine: EncoderEngine, mask: Any) -> Compare:
     )
 
 
-def sample_inputs(engine: EncoderEngine, n: int = 2) -> Mapping[str, Any]:
+def sample_inputs(engine: EncoderEngine, n: int = 2) -> Inputs:
     """The engine's padded inputs for the first `n` of `TEXTS` (an ONNX export's example)."""
     return engine.padded([engine.prepare(sample_unit(engine.info, t)) for t in TEXTS[:n]])
 
 
-def embedding_quality(reference: Any, output: Any, mask: Any, modes: Sequence[str]) -> Quality:
+def embedding_quality(
+    reference: torch.Tensor, output: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]
+) -> Quality:
     """Cosine of each text's pooled vector (token rows [B, L, H] pooled by `modes` under
     `mask` [B, L]) to float32's; not finite when any of `output` is NaN or inf."""
     import torch
@@ -141,7 +146,9 @@ def embedding_quality(reference: Any, output: Any, mask: Any, modes: Sequence[st
     return vector_quality(pool(reference, mask, modes), pool(output, mask, modes))
 
 
-def splade_quality(reference: Any, output: Any, mask: Any, spec: SpladeSpec) -> Quality:
+def splade_quality(
+    reference: torch.Tensor, output: torch.Tensor, mask: torch.Tensor, spec: SpladeSpec
+) -> Quality:
     """`sparse_quality` of the SPLADE weights [B, V] the MLM logits [B, L, V] under `mask`
     [B, L] give, pooled as the model's `spec` says."""
     return sparse_quality(splade_pool(reference, mask, spec), splade_pool(output, mask, spec))

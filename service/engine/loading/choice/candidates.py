@@ -19,10 +19,10 @@ with one log line saying why when it cannot be built (a model that does not expo
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -35,12 +35,18 @@ from service.engine.loading.choice import choice_cache, quality
 from service.engine.loading.choice.ranking import (
     Candidate,
     Compare,
+    Inputs,
     Measured,
     Route,
     fastest_passing,
     measure,
     route,
 )
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import Pipeline, PreTrainedModel
 
 log = structlog.get_logger("service.backends")
 
@@ -58,8 +64,8 @@ class Trial:
     (1 to 32 inputs). An ONNX export traces `quality_inputs`. `calibration`: the padded
     batches of the calibration texts DTYPE=int8 is calibrated on (None: no int8)."""
 
-    quality_inputs: Mapping[str, Any]
-    timing: Sequence[Mapping[str, Any]]
+    quality_inputs: Inputs
+    timing: Sequence[Inputs]
     compare: Compare
     calibration: CalibrationBatches | None = None
 
@@ -74,11 +80,11 @@ class Choice:
     note: str | None = None
     # Where small batches run on a second candidate (`RoutedBackend`): its backend and dtype
     # and the largest batch, in padded tokens (B x L), it computes.
-    small_batches: dict[str, Any] | None = None
+    small_batches: dict[str, str | int] | None = None
     # Reused from the cache (`choice_cache`): the summary of the start that measured it.
-    cached: Mapping[str, Any] | None = None
+    cached: Mapping[str, object] | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """/info's `backend` object and the `backend_chosen` log line's fields: the served
         backend, each candidate's measurements (`Measured.summary`) and `checks`, the checks
         that ran with their bounds (`service.engine.loading.choice.quality.bounds`). A reused
@@ -91,7 +97,7 @@ class Choice:
                 "reused": True,
                 "measured_s": self.cached.get("choice_s"),
             }
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "name": self.backend.name,
             "dtype": self.backend.dtype,
             "compute": self.backend.compute,
@@ -124,7 +130,7 @@ def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 
 def choose_backend(
-    settings: Any, pipe: Any, folder: Path | None, trial: Trial, what: str = ""
+    settings: Settings, pipe: Pipeline, folder: Path | None, trial: Trial, what: str = ""
 ) -> Choice:
     """The backend for the loaded float32 `pipe` (BACKEND, DTYPE), chosen as this module says,
     from the candidates' outputs and timings on `trial`. `folder`: the model's files (None:
@@ -228,17 +234,21 @@ def _routed(plan: Route, results: list[tuple[Measured, Backend | None]], started
     small = results[plan.small][1] if plan.small is not None else None
     if small is None:
         return Choice(large, measured, time.perf_counter() - started)
-    where = {"backend": small.name, "dtype": small.dtype, "max_padded_tokens": plan.max_tokens}
+    where: dict[str, str | int] = {
+        "backend": small.name,
+        "dtype": small.dtype,
+        "max_padded_tokens": plan.max_tokens,
+    }
     served = RoutedBackend(small, large, plan.max_tokens)
     return Choice(served, measured, time.perf_counter() - started, small_batches=where)
 
 
 def allowed(
-    settings: Any,
-    pipe: Any,
+    settings: Settings,
+    pipe: Pipeline,
     folder: Path | None,
     ref: TorchBackend,
-    example: Mapping[str, Any],
+    example: Inputs,
     calibration: CalibrationBatches | None = None,
 ) -> list[Candidate]:
     """What BACKEND/DTYPE allow on this device, in the order they are measured (`example`:
@@ -276,12 +286,17 @@ def allowed(
     return out
 
 
-def _torch(pipe: Any, dtype: str) -> Any:
+def _torch(pipe: Pipeline, dtype: str) -> Callable[[], Backend]:
     cuda = str(pipe.device).startswith("cuda")
     return lambda: _packed_or(None, converted(pipe.model, dtype), cuda, pipe.device)
 
 
-def _packed_or(padded: TorchBackend | None, model: Any, cuda: bool, device: Any = "cpu") -> Any:
+def _packed_or(
+    padded: TorchBackend | None,
+    model: PreTrainedModel,
+    cuda: bool,
+    device: torch.device | str = "cpu",
+) -> TorchBackend:
     """`model` packed (`service.backends.packed`) on the CPU where it supports it; else
     `padded` (or a padded backend on `model`), saying why in /info (`padded_because`).
     On CUDA batches stay padded (packing is measured and tested on the CPU only)."""
@@ -318,7 +333,7 @@ def _float32_only(reference: TorchBackend, candidate: Candidate, trial: Trial) -
     return Choice(served, (measured,), time.perf_counter() - started)
 
 
-def _graph(pipe: Any, folder: Path | None, example: Mapping[str, Any]) -> Path:
+def _graph(pipe: Pipeline, folder: Path | None, example: Inputs) -> Path:
     """The float32 graph's path (the folder's own, cached, or exported now: logged)."""
     from service.backends.export import cached_graph
 
@@ -331,7 +346,7 @@ def _graph(pipe: Any, folder: Path | None, example: Mapping[str, Any]) -> Path:
     return path
 
 
-def pipeline_choice(settings: Any, pipe: Any) -> Choice:
+def pipeline_choice(settings: Settings, pipe: Pipeline) -> Choice:
     """The pipeline engine runs the pipeline's torch model: float32, or DTYPE's torch dtype
     (`pipe.model` is converted then)."""
     started = time.perf_counter()

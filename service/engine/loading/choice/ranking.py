@@ -12,10 +12,16 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from service.backends import Backend
 from service.engine.loading.choice.quality import Quality
+
+if TYPE_CHECKING:
+    import torch
+
+#: A padded batch as the engine feeds a backend: int64 [B, L] by input name.
+Inputs: TypeAlias = "Mapping[str, torch.Tensor]"
 
 
 @dataclass(frozen=True)
@@ -69,9 +75,9 @@ class Measured:
         fixed, per_token = self.cost()
         return fixed + per_token * padded_tokens
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """One row of /info's `candidates` and the start log line."""
-        row: dict[str, Any] = {"backend": self.backend, "dtype": self.dtype}
+        row: dict[str, object] = {"backend": self.backend, "dtype": self.dtype}
         row["compute"] = self.compute
         row["inputs_per_s"] = {str(b): round(v, 1) for b, v in sorted(self.inputs_per_s.items())}
         if self.quality is not None:
@@ -81,15 +87,16 @@ class Measured:
         return row
 
 
-Compare = Callable[[Any, Any], Quality]
+#: (float32's output, the candidate's) -> their quality.
+Compare: TypeAlias = "Callable[[torch.Tensor, torch.Tensor], Quality]"
 Clock = Callable[[], float]
 
 
 def measure(
     candidate: Candidate,
-    reference: Any,
-    quality_inputs: Mapping[str, Any],
-    timing: Sequence[Mapping[str, Any]],
+    reference: torch.Tensor,
+    quality_inputs: Inputs,
+    timing: Sequence[Inputs],
     compare: Compare,
     clock: Clock = time.perf_counter,
     repeats: int = 2,
