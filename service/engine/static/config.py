@@ -57,9 +57,9 @@ def _entries(folder: Path) -> list[dict[str, Any]]:
 
 
 def is_static(folder: Path) -> bool:
-    """`folder` is a sentence-transformers folder whose first module is a StaticEmbedding."""
-    entries = _entries(folder)
-    return bool(entries) and str(entries[0].get("type", "")).endswith(".StaticEmbedding")
+    """`folder` is a sentence-transformers folder with a StaticEmbedding module (anywhere:
+    `read_static_config` refuses another layout, naming the one served)."""
+    return any(str(e.get("type", "")).endswith(".StaticEmbedding") for e in _entries(folder))
 
 
 def is_bare_model2vec(folder: Path) -> bool:
