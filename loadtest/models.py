@@ -12,7 +12,10 @@ weights it already has), meaningless answers. Each is a folder that loads as
   a token-level ``Dense`` 384 -> 128 without bias drawn from ``seed``, and the class's default
   ``MultiVectorMask`` and ``Normalize``;
 - :func:`minilm_m3`: a BGE-M3 folder in FlagEmbedding's layout: the encoder with
-  ``colbert_linear.pt`` (384 -> 384) and ``sparse_linear.pt`` (384 -> 1) drawn from ``seed``.
+  ``colbert_linear.pt`` (384 -> 384) and ``sparse_linear.pt`` (384 -> 1) drawn from ``seed``;
+- :func:`minilm_static`: a sentence-transformers ``StaticEmbedding`` on the encoder's tokenizer
+  (its 30,522-token vocabulary) with seeded rows of width 256, then ``Normalize``: the size of
+  a distilled static model (model2vec's potion models are 256 wide), meaningless answers.
 
 Folders are built once and kept (``loadtest/results/models/`` by default): a recipe file beside
 the weights says what was built, and a folder whose recipe differs is built again.
@@ -197,5 +200,25 @@ def minilm_m3(folder: Path = MODELS / "minilm-m3", seed: int = 0) -> Path:
     torch.manual_seed(seed)
     torch.save(torch.nn.Linear(hidden, hidden).state_dict(), folder / "colbert_linear.pt")
     torch.save(torch.nn.Linear(hidden, 1).state_dict(), folder / "sparse_linear.pt")
+    _mark(folder, recipe)
+    return folder
+
+
+def minilm_static(folder: Path = MODELS / "minilm-static", seed: int = 0, width: int = 256) -> Path:
+    """A static embedding folder (StaticEmbedding -> Normalize, saved by
+    `SentenceTransformer.save`): the encoder's tokenizer and one seeded float32 row of `width`
+    per token id; built unless the recipe there is the same."""
+    recipe = {"seed": seed, "encoder": str(encoder_dir()), "kind": "static", "width": width}
+    if _built(folder, recipe):
+        return folder
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, StaticEmbedding
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(encoder_dir())
+    rows = np.random.default_rng(seed).standard_normal((len(tokenizer), width), dtype=np.float32)
+    static = StaticEmbedding(tokenizer, embedding_weights=rows)
+    SentenceTransformer(modules=[static, Normalize()]).save(str(folder))
     _mark(folder, recipe)
     return folder

@@ -207,6 +207,7 @@ ENGINE_ROOMS = [
     "loading",
     "llm_rerank",
     "multi_vector",
+    "static",
     "forward",
     "pooling",
     "types",

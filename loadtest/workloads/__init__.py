@@ -10,6 +10,7 @@
 | ``token-pooling`` | multi-vector token pooling: bytes per document, MaxSim ranking agreement |
 | ``bulk`` | interactive one-input latency alone and beside a bulk indexer (1,000-input requests) |
 | ``hybrid`` | a BGE-M3 folder's dense + sparse + multi-vector in one call against three calls |
+| ``static`` | a static embedding model beside the default model: short inputs/s, CPU per input |
 
 Each module has ``add_arguments(parser)``, ``finish_arguments(args, results)``, ``run(args)``
 (returns a JSON-friendly dict) and ``table(result)`` (Markdown). Studies built the same way
@@ -28,10 +29,12 @@ from loadtest.workloads import (
     mixed,
     retrieval,
     short_inputs,
+    static,
     storm,
     token_pooling,
 )
 
 WORKLOADS: dict[str, ModuleType] = {
-    m.NAME: m for m in (mixed, short_inputs, storm, cost, retrieval, token_pooling, bulk, hybrid)
+    m.NAME: m
+    for m in (mixed, short_inputs, storm, cost, retrieval, token_pooling, bulk, hybrid, static)
 }

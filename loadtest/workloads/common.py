@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -97,6 +98,13 @@ def limit_b(
 
     rate, other, _ = cpu.least_disturbed(one, quiet(args))
     return rate, other
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ints(text: str) -> list[int]:

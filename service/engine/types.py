@@ -91,6 +91,9 @@ class ModelInfo:
     multi_vector: Mapping[str, Any] | None = None
     # A BGE-M3 model (`service.engine.pooling.m3`): each output's width, one call's outputs.
     hybrid: Mapping[str, Any] | None = None
+    # A static embedding model (`service.engine.static`): its width, vocabulary, the tokens
+    # its tokenizer cuts at (None: no limit) and the layout its rows were read from.
+    static: Mapping[str, Any] | None = None
     # int8/uint8 calibration (`service.engine.loading.quantization`): texts, sha256, source,
     # seconds.
     calibration: Mapping[str, Any] | None = None
@@ -105,6 +108,12 @@ class ModelInfo:
     # (`service.backends.routed`); 0: none.
     padded_up_to: int = 0
 
+    @property
+    def limit(self) -> int | None:
+        """The most tokens an input may have, as /info says it: None for a model without a
+        limit (a static embedding model whose tokenizer does not cut)."""
+        return self.static["max_input_tokens"] if self.static else self.max_input_tokens
+
     def summary(self) -> dict[str, Any]:
         """What the model is and how it answers, for /info and the `model_ready` log line."""
         return {
@@ -115,7 +124,7 @@ class ModelInfo:
             "device": self.device,
             "dtype": self.dtype,
             "torch_threads": self.torch_threads,
-            "max_input_tokens": self.max_input_tokens,
+            "max_input_tokens": self.limit,
             "pooling": list(self.pooling) if self.pooling else None,
             "normalize": self.normalize,
             "dimension": self.dimension,
@@ -127,6 +136,7 @@ class ModelInfo:
             "sparse": self.output is Output.SPARSE,
             "multi_vector": dict(self.multi_vector) if self.multi_vector else None,
             "hybrid": dict(self.hybrid) if self.hybrid else None,
+            "static": dict(self.static) if self.static else None,
             "modules": list(self.modules) or None,
             "matryoshka_dimensions": _matryoshka(self.matryoshka_dimensions),
             "backend": dict(self.backend_summary)

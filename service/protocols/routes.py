@@ -127,10 +127,10 @@ async def info(request: Request) -> Response:
                 "truncate": s.truncate,
                 "long_inputs": {
                     "mode": s.long_inputs,
-                    "max_input_tokens": model.max_input_tokens if model else None,
+                    "max_input_tokens": model.limit if model else None,
                 },
                 "late_chunking": late_limits(model.max_input_tokens)
-                if model and Op.EMBED in model.ops
+                if model and Op.EMBED in model.ops and not model.static
                 else None,
                 "drain_timeout_s": s.drain_timeout_s,
                 "liveness_stall_s": s.liveness_stall_s,

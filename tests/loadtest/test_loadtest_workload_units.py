@@ -21,7 +21,16 @@ from loadtest import corpus, proc, servers
 from loadtest.bench import parse_args
 from loadtest.experiments import batch_tokens, burst, cpu_split, memory, pyspy, zero_shot
 from loadtest.experiments.bench import WORKLOADS as STUDIES
-from loadtest.workloads import WORKLOADS, bulk, cost, hybrid, short_inputs, storm, storm_kinds
+from loadtest.workloads import (
+    WORKLOADS,
+    bulk,
+    cost,
+    hybrid,
+    short_inputs,
+    static,
+    storm,
+    storm_kinds,
+)
 
 
 def test_short_inputs_are_8_to_100_tokens_about_42_mean(embedded_model: Path) -> None:
@@ -200,7 +209,7 @@ def test_storm_input_is_three_sentences() -> None:
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
     named = ["mixed", "short_inputs", "storm", "cost", "retrieval", "token-pooling", "bulk"]
-    assert list(WORKLOADS) == [*named, "hybrid"]
+    assert list(WORKLOADS) == [*named, "hybrid", "static"]
     studies_named = ["cpu", "profile", "burst", "memory", "zero_shot", "pooled", "batch_tokens"]
     assert list(STUDIES) == studies_named
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
@@ -588,6 +597,29 @@ def test_hybrid_bench_folder_is_bge_m3_and_its_table_divides_one_by_three(tmp_pa
     }
     table = hybrid.table(result)
     assert "| one_call | 50.00 | 30.00 |" in table and "| one / three | 0.33 | 0.33 |" in table
+
+
+def test_static_bench_folder_is_a_static_model_and_its_table_sets_them_side_by_side(
+    tmp_path: Path,
+) -> None:
+    from loadtest import models
+    from service.engine.static.config import is_static, read_static_config
+
+    folder = models.minilm_static(tmp_path / "static", width=8)
+    assert is_static(folder) and read_static_config(folder).normalize
+    point = {"p50_ms": 2.0, "answered": 10, "errors": {}, "backend": "torch"}
+    result = {
+        "inputs": 500,
+        "models": {
+            "default": {**point, "inputs_per_s": 400.0, "cpu_ms_per_input": 4.5, "dimension": 384},
+            "static": {**point, "inputs_per_s": 2000.0, "cpu_ms_per_input": 0.9, "dimension": 8},
+        },
+    }
+    table = static.table(result)
+    assert (
+        "| static | StaticEmbedding, 30,522 x 256 seeded rows | 8 | 2000 | 2.0 | 0.900 |" in table
+    )
+    assert "| default |" in table and "| static / default | | | 5.0x | | |" in table
 
 
 def test_token_pooling_agreement_counts_each_rankings_moves() -> None:

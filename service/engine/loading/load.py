@@ -31,6 +31,7 @@ from service.engine.loading.model_files import (
     is_splade,
     multi_vector_config,
     sentence_config,
+    static_config,
     weights_folder,
 )
 from service.engine.multi_vector import config as multi_vector
@@ -38,6 +39,8 @@ from service.engine.multi_vector.load import multi_vector_engine
 from service.engine.pooling import outputs
 from service.engine.pooling.m3 import M3Heads
 from service.engine.pooling.sentence import SentenceConfig
+from service.engine.static.config import StaticConfig
+from service.engine.static.load import check_settings, static_engine
 from service.engine.types import Engine, ModelInfo, Output
 from service.settings import SUPPORTED_TASKS, TASK_ALIASES, Settings, library_defaults
 
@@ -90,6 +93,8 @@ def infer_task(model_id: str, settings: Settings) -> str:
         return "feature-extraction"
     if causal_reranker_config(model_id, settings) is not None:  # a CrossEncoder on a causal LM
         return "text-classification"
+    if static_config(model_id, settings) is not None:  # StaticEmbedding: no config.json
+        return "feature-extraction"
     config = config_json(model_id, settings)
     architectures = config.get("architectures") or []
     for arch in architectures:
@@ -116,6 +121,9 @@ def preflight(settings: Settings) -> None:
     model_id = settings.model_id or default_model_dir()
     locate.check_model_id(model_id, settings.revision)
     if not Path(model_id).is_dir():
+        return
+    if static_config(model_id, settings) is not None:  # refuses a bare model2vec folder
+        check_settings(settings)
         return
     task = infer_task(model_id, settings)
     if task == "feature-extraction" and settings.pooling != "none":
@@ -160,12 +168,9 @@ def load_engine(settings: Settings) -> Engine:
     model_id = settings.model_id or default_model_dir()
     task = infer_task(model_id, settings)
     device = _device(settings)
-    reranker = causal_reranker_config(model_id, settings) if task == "text-classification" else None
-    if reranker is not None:  # a decoder LLM scoring "yes" against "no": no pipeline
-        served = served_name(settings, model_id)
-        return causal_rerank_engine(
-            settings, model_id=model_id, served_name=served, config=reranker, device=device
-        )
+    own = _engine_without_pipeline(settings, model_id, task, device)
+    if own is not None:
+        return own
     # float32: the reference every other backend and dtype is made from and checked against
     dtype = torch.float32
     multi = multi_vector_config(model_id, settings) if task == "feature-extraction" else None
@@ -273,6 +278,31 @@ def _configure_limit(pipe: Pipeline, sentence: SentenceConfig | None) -> int:
         limit = min(limit, configure_tokenizer(tok, sentence, positions))
     tok.model_max_length = limit
     return limit
+
+
+def _engine_without_pipeline(
+    settings: Settings, model_id: str, task: str, device: str
+) -> Engine | None:
+    """The engine of a model that runs without a transformers pipeline: a causal-LM reranker
+    (a decoder LLM scoring "yes" against "no") or a static embedding model; None otherwise."""
+    served = served_name(settings, model_id)
+    reranker = causal_reranker_config(model_id, settings) if task == "text-classification" else None
+    if reranker is not None:
+        return causal_rerank_engine(
+            settings, model_id=model_id, served_name=served, config=reranker, device=device
+        )
+    static = static_config(model_id, settings)
+    return None if static is None else _static(settings, model_id, served, static)
+
+
+def _static(settings: Settings, model_id: str, served: str, config: StaticConfig) -> Engine:
+    """A static embedding model's engine, checked finite, with its int8 ranges."""
+    engine = warmup.check_finite(
+        static_engine(settings, model_id=model_id, served_name=served, config=config)
+    )
+    root = Path(config.folder)
+    quantization.calibrate(engine, engine.backend, settings.calibration_file, root)
+    return engine
 
 
 def _model_info(

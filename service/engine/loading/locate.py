@@ -3,7 +3,8 @@ wrong MODEL_ID stops the start at once, in one line naming it and what is missin
 worker that fails its load after gunicorn has started (`service.load_failure`).
 
 - a local folder must hold `config.json` (transformers' model folders do: with the weights and
-  the tokenizer's files beside it);
+  the tokenizer's files beside it), or sentence-transformers' `modules.json` (a static
+  embedding model has no config.json);
 - a MODEL_ID that is not a folder and cannot be a Hub id (`org/name` or `name`) is a folder
   that does not exist;
 - a Hub id, while HF_HUB_OFFLINE is set, must be in the local Hugging Face cache (its
@@ -23,10 +24,11 @@ def check_model_id(model_id: str, revision: str | None) -> None:
     cannot name a model to load (see the module docstring)."""
     folder = Path(model_id).expanduser()
     if folder.is_dir():
-        if not (folder / "config.json").is_file():
+        if not any((folder / name).is_file() for name in ("config.json", "modules.json")):
             raise ValueError(
                 f"MODEL_ID={model_id}: the folder has no config.json (a model folder holds "
-                "config.json, the weights and the tokenizer files)"
+                "config.json, the weights and the tokenizer files) nor modules.json (a "
+                "sentence-transformers static embedding folder)"
             )
         return
     if folder.exists():

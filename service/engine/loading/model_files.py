@@ -25,6 +25,13 @@ from service.engine.multi_vector.config import (
     read_multi_vector_config,
 )
 from service.engine.pooling.sentence import SentenceConfig
+from service.engine.static.config import (
+    StaticConfig,
+    is_bare_model2vec,
+    is_static,
+    model2vec_refusal,
+    read_static_config,
+)
 from service.settings import Settings
 
 log = structlog.get_logger("service.loading")
@@ -80,6 +87,24 @@ def causal_reranker_config(model_id: str, settings: Settings) -> RerankerConfig 
     if folder is None or not is_causal_reranker(folder):
         return None
     return read_reranker_config(folder)
+
+
+def static_config(model_id: str, settings: Settings) -> StaticConfig | None:
+    """The folder's static embedding configuration (`service.engine.static.config`), or None
+    for any other model. Raises `UnsupportedModel` for a layout it does not serve, and for a
+    bare model2vec folder (naming what is served)."""
+    folder = local_folder(model_id, settings)
+    if folder is None:
+        return None
+    if is_bare_model2vec(folder):
+        raise model2vec_refusal(model_id)
+    if not is_static(folder):
+        return None
+    if not Path(model_id).is_dir():  # a hub model: its tokenizer and rows too
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(model_id, revision=settings.revision))
+    return read_static_config(folder)
 
 
 def sentence_config(model_id: str, settings: Settings) -> SentenceConfig | None:
