@@ -10,6 +10,7 @@
 | ``token-pooling`` | multi-vector token pooling: bytes per document, MaxSim ranking agreement |
 | ``bulk`` | interactive one-input latency alone and beside a bulk indexer (1,000-input requests) |
 | ``hybrid`` | a BGE-M3 folder's dense + sparse + multi-vector in one call against three calls |
+| ``late-chunking`` | late chunking (one request a document) against chunking first (one a chunk) |
 
 Each module has ``add_arguments(parser)``, ``finish_arguments(args, results)``, ``run(args)``
 (returns a JSON-friendly dict) and ``table(result)`` (Markdown). Studies built the same way
@@ -25,6 +26,7 @@ from loadtest.workloads import (
     bulk,
     cost,
     hybrid,
+    late_chunking,
     mixed,
     retrieval,
     short_inputs,
@@ -33,5 +35,16 @@ from loadtest.workloads import (
 )
 
 WORKLOADS: dict[str, ModuleType] = {
-    m.NAME: m for m in (mixed, short_inputs, storm, cost, retrieval, token_pooling, bulk, hybrid)
+    m.NAME: m
+    for m in (
+        mixed,
+        short_inputs,
+        storm,
+        cost,
+        retrieval,
+        token_pooling,
+        bulk,
+        hybrid,
+        late_chunking,
+    )
 }

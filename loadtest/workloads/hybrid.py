@@ -16,7 +16,6 @@ wall seconds per document, and one call's share of three calls'.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -42,21 +41,15 @@ def finish_arguments(args: argparse.Namespace, results: Path) -> None:
     args.hybrid_rounds = args.hybrid_rounds or (2 if args.quick else 6)
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _round(
     http: httpx.Client, srv: servers.Served, calls: Any, documents: list[str]
 ) -> tuple[float, float]:
     """Every document through ``calls`` (one request per route each); CPU and wall seconds."""
-    cpu, wall = _cpu_s(srv.worker_pid), time.perf_counter()
+    cpu, wall = common.cpu_s(srv.worker_pid), time.perf_counter()
     for text in documents:
         for route, extra in calls:
             http.post(srv.base + route, json={"inputs": text, **extra}).raise_for_status()
-    return _cpu_s(srv.worker_pid) - cpu, time.perf_counter() - wall
+    return common.cpu_s(srv.worker_pid) - cpu, time.perf_counter() - wall
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
