@@ -18,15 +18,23 @@ format, and decodes itself) is each vector's little-endian float32 bytes in base
 (`info.served_name`); `user` is accepted and ignored. `usage` counts the tokens each input took
 with this model's tokenizer (after truncation), counted in the inference thread. Errors on
 `/v1/*` use OpenAI's envelope (`service.errors.Envelope.OPENAI`).
+
+Jina's embeddings API is the same route with more fields, which its clients (Chroma's
+`JinaEmbeddingFunction`, LangChain's Jina embeddings, langchain4j's `JinaEmbeddingModel`) send:
+`late_chunking`, `task` (a prompt: `embedding.common.task_prompt`), `embedding_type` (the
+`encoding_format` of the same name), `normalized` (false: the vectors as pooled) and
+`truncate` (true cuts, false refuses; unset: LONG_INPUTS).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.engine.jobs import Counted, Job, Op
+from service.engine.params import EmbedParams
 from service.engine.types import ModelInfo
 from service.errors import Envelope, InvalidInput
 from service.protocols import tei_shapes
@@ -35,6 +43,7 @@ from service.protocols.embedding.common import (
     dimension_warning,
     embedding_params,
     late_unit,
+    task_prompt,
 )
 from service.protocols.encodings import EncodingField, encode_vector
 from service.protocols.schemas import Dimensions, NonBlank, decode, inputs_list, validate
@@ -51,6 +60,10 @@ Input = Annotated[
 ]
 
 
+#: Jina's `embedding_type` values: the `encoding_format` values of the same meaning.
+JinaEncoding = Literal["float", "base64", "binary", "ubinary"]
+
+
 class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -60,6 +73,26 @@ class EmbeddingsRequest(BaseModel):
     dimensions: Dimensions | None = None
     user: str | None = Field(None, description="accepted and ignored")
     late_chunking: bool | None = LATE_CHUNKING
+    # Jina's embeddings API's fields (its clients send them to this route)
+    task: str | None = Field(
+        None,
+        max_length=100,
+        description="Jina's task: the model's prompt of that name, else the prompt the task "
+        "means (retrieval.query and code.query: query; retrieval.passage and code.passage: "
+        "document; separation: clustering; classification: classification) where the model "
+        "has it, else none; a name that is neither a task nor a prompt is refused",
+    )
+    embedding_type: JinaEncoding | None = Field(
+        None, description="Jina's name for encoding_format (float, base64, binary, ubinary)"
+    )
+    normalized: bool | None = Field(
+        None, description="Jina's: false answers the vectors as pooled, not L2-normalized"
+    )
+    truncate: bool | None = Field(
+        None,
+        description="Jina's: true cuts inputs over the model's limit, false refuses them; "
+        "unset: LONG_INPUTS",
+    )
 
 
 #: `input` without token ids: what /openapi.json shows while OPENAI_TOKEN_IDS=refuse.
@@ -118,23 +151,49 @@ def _holds_token_ids(value: Any) -> bool:
     return any(isinstance(x, list) or not isinstance(x, str) for x in value)
 
 
+def _encoding(r: EmbeddingsRequest) -> Any:
+    """The answer's encoding: `encoding_format`, or Jina's `embedding_type` (422 naming
+    `embedding_type` when both are sent and differ)."""
+    fmt, jina = r.encoding_format, r.embedding_type
+    if fmt is not None and jina is not None and fmt != jina:
+        raise InvalidInput(
+            f"embedding_type {jina!r} and encoding_format {fmt!r} disagree; send one of them"
+        )
+    return fmt if fmt is not None else jina
+
+
+def _params(r: EmbeddingsRequest, fmt: Any, info: ModelInfo, s: Settings) -> EmbedParams:
+    """The units' options: unit length unless Jina's `normalized: false` (OpenAI's vectors are
+    unit length, and clients take dot products as cosines); the model's default prompt, or
+    the one Jina's `task` means; LONG_INPUTS unless Jina's `truncate` says."""
+    if r.late_chunking and r.truncate:
+        raise InvalidInput(
+            "truncate does not combine with late_chunking: a long document is encoded in "
+            "overlapping windows instead (/info's limits.late_chunking)"
+        )
+    params = embedding_params(
+        info,
+        truncate=r.truncate,
+        direction=None,
+        prompt_name=None,
+        normalize=r.normalized is not False,
+        dimensions=r.dimensions,
+        long_inputs=s.long_inputs,
+        encodings=fmt,
+        count_tokens=True,
+    )
+    if r.task is None:
+        return params
+    return dataclasses.replace(params, prompt_name=task_prompt(info, r.task))
+
+
 def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     doc = decode(body, content_type, raw_text=False)
     r = validate(EmbeddingsRequest, doc, what="/v1/embeddings", max_inputs=s.max_client_batch_size)
     if s.openai_token_ids == "refuse" and _holds_token_ids(r.input):
         raise InvalidInput(FOREIGN_TOKEN_IDS)
-    params = embedding_params(
-        info,
-        truncate=None,
-        direction=None,
-        prompt_name=None,
-        normalize=True,  # unit length for every model, as OpenAI's are
-        dimensions=r.dimensions,
-        long_inputs=s.long_inputs,
-        encodings=r.encoding_format,
-        count_tokens=True,
-    )
-    fmt = r.encoding_format
+    fmt = _encoding(r)
+    params = _params(r, fmt, info, s)
 
     def finish(answers: list[Counted]) -> dict[str, Any]:
         vectors = list(answers[0].answer) if late else [a.answer for a in answers]
