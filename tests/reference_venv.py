@@ -4,8 +4,9 @@ environment built once per machine under `~/.cache/pipeline-server-refs/<name>` 
 `$PIPELINE_SERVER_REFS`), and run there in a subprocess: a script reads JSON on stdin and writes
 JSON on stdout.
 
-`torch==2.13.0` is pinned in each that needs torch: pip finds the CPU wheel on this machine, where a bare `torch`
-would pull a multi-GB CUDA build. A venv that cannot be built (no registry, no wheel) makes
+`torch==2.13.0` is pinned in each that needs torch: pip finds the CPU wheel on this machine,
+where a bare `torch` would pull a multi-GB CUDA build. A venv that cannot be built (no registry,
+no wheel) makes
 `reference_python` raise `ReferenceUnavailable`; tests skip on it with its reason.
 """
 

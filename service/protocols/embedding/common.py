@@ -172,6 +172,11 @@ JINA_TASKS = {
 }
 
 
+def task_names(info: ModelInfo) -> list[str]:
+    """What `task` accepts on this model: Jina's tasks and the model's prompts."""
+    return sorted({*JINA_TASKS, *info.prompts})
+
+
 def task_prompt(info: ModelInfo, task: str) -> str:
     """The unit's `prompt_name` for Jina's `task`: the folder's prompt of that name, else the
     prompt the task means (`JINA_TASKS`) where the folder has it, else "" (the plain text, as
@@ -182,7 +187,7 @@ def task_prompt(info: ModelInfo, task: str) -> str:
     if task in JINA_TASKS:
         target = JINA_TASKS[task]
         return target if target in info.prompts else ""
-    known = ", ".join(sorted({*JINA_TASKS, *info.prompts}))
+    known = ", ".join(task_names(info))
     raise InvalidInput(
         f"task {task!r} is not one of Jina's tasks nor a prompt of this model: {known}"
     )

@@ -46,7 +46,14 @@ from service.protocols.embedding.common import (
     task_prompt,
 )
 from service.protocols.encodings import EncodingField, encode_vector
-from service.protocols.schemas import Dimensions, NonBlank, decode, inputs_list, validate
+from service.protocols.schemas import (
+    Dimensions,
+    JinaTask,
+    NonBlank,
+    decode,
+    inputs_list,
+    validate,
+)
 from service.protocols.serving import (
     Endpoint,
     needs,
@@ -74,9 +81,8 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = Field(None, description="accepted and ignored")
     late_chunking: bool | None = LATE_CHUNKING
     # Jina's embeddings API's fields (its clients send them to this route)
-    task: str | None = Field(
+    task: JinaTask | None = Field(
         None,
-        max_length=100,
         description="Jina's task: the model's prompt of that name, else the prompt the task "
         "means (retrieval.query and code.query: query; retrieval.passage and code.passage: "
         "document; separation: clustering; classification: classification) where the model "
@@ -152,14 +158,9 @@ def _holds_token_ids(value: Any) -> bool:
 
 
 def _encoding(r: EmbeddingsRequest) -> Any:
-    """The answer's encoding: `encoding_format`, or Jina's `embedding_type` (422 naming
-    `embedding_type` when both are sent and differ)."""
-    fmt, jina = r.encoding_format, r.embedding_type
-    if fmt is not None and jina is not None and fmt != jina:
-        raise InvalidInput(
-            f"embedding_type {jina!r} and encoding_format {fmt!r} disagree; send one of them"
-        )
-    return fmt if fmt is not None else jina
+    """The answer's encoding: `encoding_format`, else Jina's `embedding_type` (OpenAI's field
+    wins where both are sent, as the root's value wins over `parameters` on `POST /`)."""
+    return r.encoding_format if r.encoding_format is not None else r.embedding_type
 
 
 def _params(r: EmbeddingsRequest, fmt: Any, info: ModelInfo, s: Settings) -> EmbedParams:
