@@ -1,10 +1,12 @@
-"""Reference libraries whose pins clash with the project's (PyLate pins sentence-transformers 5
-and transformers <= 5.3), each in its own virtual environment built once per machine under
-`~/.cache/pipeline-server-refs/<name>` (or `$PIPELINE_SERVER_REFS`), and run there in a
-subprocess: a script reads JSON on stdin and writes JSON on stdout.
+"""Reference libraries whose pins clash with the project's (PyLate pins sentence-transformers 5 and
+transformers <= 5.3) or that pull far more than the tests need (Chroma), each in its own virtual
+environment built once per machine under `~/.cache/pipeline-server-refs/<name>` (or
+`$PIPELINE_SERVER_REFS`), and run there in a subprocess: a script reads JSON on stdin and writes
+JSON on stdout.
 
-`torch==2.13.0` is pinned in each: pip finds the CPU wheel on this machine, where a bare `torch`
-would pull a multi-GB CUDA build. A venv that cannot be built (no registry, no wheel) makes
+`torch==2.13.0` is pinned in each that needs torch: pip finds the CPU wheel on this machine,
+where a bare `torch` would pull a multi-GB CUDA build. A venv that cannot be built (no registry,
+no wheel) makes
 `reference_python` raise `ReferenceUnavailable`; tests skip on it with its reason.
 """
 
@@ -26,6 +28,10 @@ PYLATE = (
         ["--no-deps", "pylate==1.6.0", "ujson==5.12.0"],
     ],
 )
+
+#: Chroma's client, for its `JinaEmbeddingFunction` (`tests/chroma_jina_reference.py`): it pulls
+#: gRPC, OpenTelemetry and the Kubernetes client, which the project does not need.
+CHROMA = ("chromadb-1.5.9", [["chromadb==1.5.9", "pillow"]])
 
 
 class ReferenceUnavailable(RuntimeError):

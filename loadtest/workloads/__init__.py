@@ -11,6 +11,7 @@
 | ``bulk`` | interactive one-input latency alone and beside a bulk indexer (1,000-input requests) |
 | ``hybrid`` | a BGE-M3 folder's dense + sparse + multi-vector in one call against three calls |
 | ``static`` | a static embedding model beside the default model: short inputs/s, CPU per input |
+| ``late-chunking`` | late chunking (one request a document) against chunking first (one a chunk) |
 
 Each module has ``add_arguments(parser)``, ``finish_arguments(args, results)``, ``run(args)``
 (returns a JSON-friendly dict) and ``table(result)`` (Markdown). Studies built the same way
@@ -26,6 +27,7 @@ from loadtest.workloads import (
     bulk,
     cost,
     hybrid,
+    late_chunking,
     mixed,
     retrieval,
     short_inputs,
@@ -36,5 +38,16 @@ from loadtest.workloads import (
 
 WORKLOADS: dict[str, ModuleType] = {
     m.NAME: m
-    for m in (mixed, short_inputs, storm, cost, retrieval, token_pooling, bulk, hybrid, static)
+    for m in (
+        mixed,
+        short_inputs,
+        storm,
+        cost,
+        retrieval,
+        token_pooling,
+        bulk,
+        hybrid,
+        static,
+        late_chunking,
+    )
 }

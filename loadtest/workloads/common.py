@@ -8,6 +8,7 @@ import os
 import statistics
 import urllib.request
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from loadtest import cpu, proc, servers, wrk
@@ -34,6 +35,12 @@ def quiet(args: argparse.Namespace) -> cpu.Quiet:
 def server_env(args: argparse.Namespace, **fixed: str) -> dict[str, str]:
     """The workload's own settings (``fixed``), then ``--env`` on top (the user's word wins)."""
     return {**fixed, **servers.parse_env(args.env)}
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads, from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def get_json(url: str) -> Any:
@@ -98,13 +105,6 @@ def limit_b(
 
     rate, other, _ = cpu.least_disturbed(one, quiet(args))
     return rate, other
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ints(text: str) -> list[int]:

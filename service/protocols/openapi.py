@@ -26,7 +26,7 @@ from service.engine.types import ModelInfo, Output
 from service.errors import Envelope
 from service.protocols import inference_api, schemas
 from service.protocols.cohere_shapes import CohereError
-from service.protocols.embedding.common import prompt_names
+from service.protocols.embedding.common import prompt_names, task_names
 from service.protocols.openai_shapes import ModelList, OpenAIErrorResponse
 from service.protocols.schemas import JSON
 from service.protocols.serving import Endpoint
@@ -332,6 +332,8 @@ def _specialize(schemas_: dict[str, JSON], info: ModelInfo, settings: Settings) 
         if node.pop(schemas.PROMPT_NAME, None):
             names = prompt_names(info)
             node = {**node, "enum": list(names)} if names else {"not": {}}
+        if node.pop(schemas.JINA_TASK, None):
+            node = {**node, "enum": list(task_names(info))}
         if node.pop(schemas.DENSE_ONLY, None) and info.output is Output.SPARSE:
             return {"not": {}}  # the null beside it stays: a sparse model takes only null
         if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:

@@ -32,6 +32,7 @@ JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | 
 # deployment's values: MAX_CLIENT_BATCH_SIZE, the model's prompts, embedding width and vocabulary.
 MAX_INPUTS = "x-max-inputs"  # an input list: maxItems = MAX_CLIENT_BATCH_SIZE - its value
 PROMPT_NAME = "x-prompt-name"  # enum: the model's prompt names
+JINA_TASK = "x-jina-task"  # enum: Jina's task names and the model's prompt names
 DIMENSIONS = "x-dimensions"  # maximum: the model's embedding width
 TOKEN_ID = "x-token-id"  # maximum: the model's vocabulary size - 1
 DENSE_ONLY = "x-dense-only"  # dense-embedding options: only null on a sparse (SPLADE) model
@@ -51,6 +52,7 @@ INTEGRAL = BeforeValidator(_integral)
 #: Text with something in it (empty and whitespace-only inputs are 422; the validators name them).
 NonBlank = Annotated[str, Field(pattern=r"\S")]
 PromptName = Annotated[str, Field(json_schema_extra={PROMPT_NAME: True})]
+JinaTask = Annotated[str, Field(max_length=100, json_schema_extra={JINA_TASK: True})]
 Dimensions = Annotated[
     int, Field(ge=1, json_schema_extra={DIMENSIONS: True, DENSE_ONLY: True}), INTEGRAL
 ]

@@ -209,7 +209,7 @@ def test_storm_input_is_three_sentences() -> None:
 
 def test_bench_knows_every_workload_and_parses_only() -> None:
     named = ["mixed", "short_inputs", "storm", "cost", "retrieval", "token-pooling", "bulk"]
-    assert list(WORKLOADS) == [*named, "hybrid", "static"]
+    assert list(WORKLOADS) == [*named, "hybrid", "static", "late-chunking"]
     studies_named = ["cpu", "profile", "burst", "memory", "zero_shot", "pooled", "batch_tokens"]
     assert list(STUDIES) == studies_named
     args = parse_args(["--only", "storm,short_inputs", "--quick", "--ab", "X=1"])
@@ -640,3 +640,48 @@ def test_token_pooling_agreement_counts_each_rankings_moves() -> None:
     moved = [d * 1e-3 if i == best else d for i, d in enumerate(docs)]
     worse = token_pooling.agreement([query], docs, moved, 4)
     assert worse["top1"] == 0.0 and worse["tau"] < 1.0
+
+
+def test_late_chunking_documents_cosines_and_table() -> None:
+    """Documents are runs of whole corpus sentences; the cosines on known vectors; the table
+    divides late by first and prints each way's figures."""
+    import numpy as np
+
+    from loadtest.workloads import late_chunking as lc
+
+    docs = lc.documents(6)
+    assert docs == lc.documents(6) and all(len(d) >= 2 for d in docs)
+    sentences = corpus.sentences()
+    assert all(chunk in sentences for d in docs for chunk in d)
+    assert all(sum(len(c.split()) for c in d) <= lc.DOCUMENT_WORDS[1] for d in docs)
+    # rows (1, 0), (0, 1), (1, 1): cosines 0, 1/sqrt(2), 1/sqrt(2) -> mean sqrt(2)/3
+    three = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]])
+    assert lc.mean_pairwise_cosine(three) == pytest.approx(2**0.5 / 3)
+    assert lc.mean_row_cosine(three, three * 5) == pytest.approx(1.0)
+    assert lc.mean_row_cosine(three[:2], three[1::-1]) == pytest.approx(0.0)
+
+    class Tok:
+        def __call__(self, texts: list[str]) -> dict[str, list[list[int]]]:
+            return {"input_ids": [[0] * len(t.split()) for t in texts]}
+
+    pair = [["a b", "c d e"], ["f g h", "i"]]  # 5 and 4 "tokens"
+    same = [np.eye(2), np.array([[1.0, 0.0], [1.0, 1.0]])]  # chunk cosines 0 and 0.707
+    result = lc.summarize(
+        pair,
+        {"late_chunking": [0.2, 0.4], "chunking_first": [0.8, 0.5]},
+        {"late_chunking": same[1:] * 2, "chunking_first": same},
+        2,
+        Tok(),
+        {"max_input_tokens": 4},
+    )
+    late, first = result["ways"]["late_chunking"], result["ways"]["chunking_first"]
+    assert late["cpu_s_per_doc"] == pytest.approx(0.05) and first["wall_s_per_doc"] == 0.125
+    assert late["chunk_cosine"] == pytest.approx(2**-0.5)
+    assert first["chunk_cosine"] == pytest.approx(2**-0.5 / 2)
+    assert first["requests_per_doc"] == 2.0 and result["over_one_window"] == 1
+    assert result["late_over_first"]["cpu_s_per_doc"] == pytest.approx(0.25)
+    assert result["late_vs_alone_cosine"] == pytest.approx((1 + (1 + 2**-0.5) / 2) / 2)
+    table = lc.table(result)
+    assert "| late chunking | 1.0 | 50.00 | 100.00 | 0.707 |" in table
+    assert "| chunking first | 2.0 | 200.00 | 125.00 | 0.354 |" in table
+    assert "| late / first | - | 0.25 | 0.80 | - |" in table

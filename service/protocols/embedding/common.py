@@ -183,6 +183,42 @@ def prompt_for(info: ModelInfo, name: str | None) -> str | None:
     raise InvalidInput(f"prompt_name {name!r} is not one of this model's prompts: {known}")
 
 
+#: Jina's embeddings API `task` -> the sentence-transformers prompt it means on a folder without
+#: a prompt of the task's own name (jina-embeddings-v3's prompts are named after its tasks):
+#: a query or a document as `encode_query` / `encode_document` encode them, or a prompt of the
+#: input type's name; "" is no prompt (`text-matching` is symmetric).
+JINA_TASKS = {
+    "retrieval.query": "query",
+    "retrieval.passage": "document",
+    "code.query": "query",
+    "code.passage": "document",
+    "separation": "clustering",
+    "classification": "classification",
+    "text-matching": "",
+}
+
+
+def task_names(info: ModelInfo) -> list[str]:
+    """What `task` accepts on this model: Jina's tasks and the model's prompts."""
+    return sorted({*JINA_TASKS, *info.prompts})
+
+
+def task_prompt(info: ModelInfo, task: str) -> str:
+    """The unit's `prompt_name` for Jina's `task`: the folder's prompt of that name, else the
+    prompt the task means (`JINA_TASKS`) where the folder has it, else "" (the plain text, as
+    an input type without its prompt). Raises 422 naming `task` for a name that is neither a
+    prompt of the folder nor one of Jina's tasks."""
+    if task in info.prompts:
+        return task
+    if task in JINA_TASKS:
+        target = JINA_TASKS[task]
+        return target if target in info.prompts else ""
+    known = ", ".join(task_names(info))
+    raise InvalidInput(
+        f"task {task!r} is not one of Jina's tasks nor a prompt of this model: {known}"
+    )
+
+
 def ranges_wanted(info: ModelInfo, wanted: bool) -> bool:
     """The unit param `ranges` for int8/uint8 encodings: refused (422) on a model without
     calibrated ranges (sparse or token-row models)."""

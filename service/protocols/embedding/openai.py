@@ -18,15 +18,23 @@ format, and decodes itself) is each vector's little-endian float32 bytes in base
 (`info.served_name`); `user` is accepted and ignored. `usage` counts the tokens each input took
 with this model's tokenizer (after truncation), counted in the inference thread. Errors on
 `/v1/*` use OpenAI's envelope (`service.errors.Envelope.OPENAI`).
+
+Jina's embeddings API is the same route with more fields, which its clients (Chroma's
+`JinaEmbeddingFunction`, LangChain's Jina embeddings, langchain4j's `JinaEmbeddingModel`) send:
+`late_chunking`, `task` (a prompt: `embedding.common.task_prompt`), `embedding_type` (the
+`encoding_format` of the same name), `normalized` (false: the vectors as pooled) and
+`truncate` (true cuts, false refuses; unset: LONG_INPUTS).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.engine.jobs import Counted, Job, Op
+from service.engine.params import EmbedParams
 from service.engine.types import ModelInfo
 from service.errors import Envelope, InvalidInput
 from service.protocols import tei_shapes
@@ -36,9 +44,17 @@ from service.protocols.embedding.common import (
     embedding_params,
     late_chunking_schema,
     late_unit,
+    task_prompt,
 )
 from service.protocols.encodings import EncodingField, encode_vector
-from service.protocols.schemas import Dimensions, NonBlank, decode, inputs_list, validate
+from service.protocols.schemas import (
+    Dimensions,
+    JinaTask,
+    NonBlank,
+    decode,
+    inputs_list,
+    validate,
+)
 from service.protocols.serving import (
     Endpoint,
     needs,
@@ -50,6 +66,10 @@ Input = Annotated[
     tei_shapes.InputType | Annotated[list[tei_shapes.InputType], inputs_list()],
     BeforeValidator(tei_shapes.embed_inputs("input")),
 ]
+
+
+#: Jina's `embedding_type` values: the `encoding_format` values of the same meaning.
+JinaEncoding = Literal["float", "base64", "binary", "ubinary"]
 
 
 class EmbeddingsRequest(BaseModel):
@@ -66,6 +86,25 @@ class EmbeddingsRequest(BaseModel):
     dimensions: Dimensions | None = None
     user: str | None = Field(None, description="accepted and ignored")
     late_chunking: bool | None = LATE_CHUNKING
+    # Jina's embeddings API's fields (its clients send them to this route)
+    task: JinaTask | None = Field(
+        None,
+        description="Jina's task: the model's prompt of that name, else the prompt the task "
+        "means (retrieval.query and code.query: query; retrieval.passage and code.passage: "
+        "document; separation: clustering; classification: classification) where the model "
+        "has it, else none; a name that is neither a task nor a prompt is refused",
+    )
+    embedding_type: JinaEncoding | None = Field(
+        None, description="Jina's name for encoding_format (float, base64, binary, ubinary)"
+    )
+    normalized: bool | None = Field(
+        None, description="Jina's: false answers the vectors as pooled, not L2-normalized"
+    )
+    truncate: bool | None = Field(
+        None,
+        description="Jina's: true cuts inputs over the model's limit, false refuses them; "
+        "unset: LONG_INPUTS",
+    )
 
 
 #: `input` without token ids: what /openapi.json shows while OPENAI_TOKEN_IDS=refuse.
@@ -124,23 +163,44 @@ def _holds_token_ids(value: Any) -> bool:
     return any(isinstance(x, list) or not isinstance(x, str) for x in value)
 
 
+def _encoding(r: EmbeddingsRequest) -> Any:
+    """The answer's encoding: `encoding_format`, else Jina's `embedding_type` (OpenAI's field
+    wins where both are sent, as the root's value wins over `parameters` on `POST /`)."""
+    return r.encoding_format if r.encoding_format is not None else r.embedding_type
+
+
+def _params(r: EmbeddingsRequest, fmt: Any, info: ModelInfo, s: Settings) -> EmbedParams:
+    """The units' options: unit length unless Jina's `normalized: false` (OpenAI's vectors are
+    unit length, and clients take dot products as cosines); the model's default prompt, or
+    the one Jina's `task` means; LONG_INPUTS unless Jina's `truncate` says."""
+    if r.late_chunking and r.truncate:
+        raise InvalidInput(
+            "truncate does not combine with late_chunking: a long document is encoded in "
+            "overlapping windows instead (/info's limits.late_chunking)"
+        )
+    params = embedding_params(
+        info,
+        truncate=r.truncate,
+        direction=None,
+        prompt_name=None,
+        normalize=r.normalized is not False,
+        dimensions=r.dimensions,
+        long_inputs=s.long_inputs,
+        encodings=fmt,
+        count_tokens=True,
+    )
+    if r.task is None:
+        return params
+    return dataclasses.replace(params, prompt_name=task_prompt(info, r.task))
+
+
 def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) -> Job:
     doc = decode(body, content_type, raw_text=False)
     r = validate(EmbeddingsRequest, doc, what="/v1/embeddings", max_inputs=s.max_client_batch_size)
     if s.openai_token_ids == "refuse" and _holds_token_ids(r.input):
         raise InvalidInput(FOREIGN_TOKEN_IDS)
-    params = embedding_params(
-        info,
-        truncate=None,
-        direction=None,
-        prompt_name=None,
-        normalize=True,  # unit length for every model, as OpenAI's are
-        dimensions=r.dimensions,
-        long_inputs=s.long_inputs,
-        encodings=r.encoding_format,
-        count_tokens=True,
-    )
-    fmt = r.encoding_format
+    fmt = _encoding(r)
+    params = _params(r, fmt, info, s)
 
     def finish(answers: list[Counted]) -> dict[str, Any]:
         vectors = list(answers[0].answer) if late else [a.answer for a in answers]
