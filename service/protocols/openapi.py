@@ -334,6 +334,8 @@ def _specialize(schemas_: dict[str, JSON], info: ModelInfo, settings: Settings) 
             node = {**node, "enum": list(names)} if names else {"not": {}}
         if node.pop(schemas.JINA_TASK, None):
             node = {**node, "enum": list(task_names(info))}
+        if node.pop(schemas.LATE, None) and info.static:
+            return {"const": False}  # a static model's token vectors know no context
         if node.pop(schemas.DENSE_ONLY, None) and info.output is Output.SPARSE:
             return {"not": {}}  # the null beside it stays: a sparse model takes only null
         if node.pop(schemas.DIMENSIONS, None) and info.dimension is not None:

@@ -36,6 +36,7 @@ JINA_TASK = "x-jina-task"  # enum: Jina's task names and the model's prompt name
 DIMENSIONS = "x-dimensions"  # maximum: the model's embedding width
 TOKEN_ID = "x-token-id"  # maximum: the model's vocabulary size - 1
 DENSE_ONLY = "x-dense-only"  # dense-embedding options: only null on a sparse (SPLADE) model
+LATE = "x-late-chunking"  # late_chunking: only false or null where the model cannot serve it
 
 
 def _integral(value: object) -> object:
@@ -52,6 +53,7 @@ INTEGRAL = BeforeValidator(_integral)
 #: Text with something in it (empty and whitespace-only inputs are 422; the validators name them).
 NonBlank = Annotated[str, Field(pattern=r"\S")]
 PromptName = Annotated[str, Field(json_schema_extra={PROMPT_NAME: True})]
+LateChunking = Annotated[bool, Field(json_schema_extra={LATE: True})]
 JinaTask = Annotated[str, Field(max_length=100, json_schema_extra={JINA_TASK: True})]
 Dimensions = Annotated[
     int, Field(ge=1, json_schema_extra={DIMENSIONS: True, DENSE_ONLY: True}), INTEGRAL

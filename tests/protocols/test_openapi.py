@@ -165,6 +165,31 @@ def test_schemathesis_finds_nothing(
     schemathesis_finds_nothing(server.url, tmp_path, *headers, timeout_s=240)
 
 
+def _retrieval_folder(kind: str, folder: Path) -> Path:
+    from m3_models import m3_model
+    from retrieval_models import multi_vector_model
+    from static_models import static_model
+
+    if kind == "bge-m3":
+        return m3_model(folder)
+    if kind == "multi-vector":
+        return multi_vector_model(folder, token_pooling={"pool_factor": 2})
+    return static_model(folder)
+
+
+@pytest.mark.parametrize("kind", ["bge-m3", "multi-vector", "static"])
+def test_schemathesis_finds_nothing_on_retrieval_models(kind: str, tmp_path: Path) -> None:
+    """The same run on the families with routes and options of their own: /embed_hybrid, token
+    pooling and MaxSim on every rerank route, and a static embedding model."""
+    folder = _retrieval_folder(kind, tmp_path / kind)
+    server = ServerProcess({**FUZZ_ENV, "MODEL_ID": str(folder)}, tmp_path / "server.log")
+    try:
+        server.wait_ready()
+        schemathesis_finds_nothing(server.url, tmp_path, timeout_s=240)
+    finally:
+        server.terminate()
+
+
 def test_503_while_the_model_loads(cross_encoder_model: Path) -> None:
     gate = threading.Event()
 

@@ -129,14 +129,20 @@ def late_chunking_schema(field: str) -> JsonDict:
     }
 
 
-def late_unit(inputs: Any, params: EmbedParams, field: str) -> Unit:
+def late_unit(inputs: Any, params: EmbedParams, field: str, info: ModelInfo) -> Unit:
     """The one `embed` unit of a late-chunked document whose chunks are `inputs` (a validated
     `Input`: one text is one chunk): their text joined with single spaces and each chunk's
     character span in it (`late_chunks`). Its answer is float32 [chunks, D]. Never truncated
     nor chunked by LONG_INPUTS: a long document is windowed (`service.engine.forward.late`).
 
-    Raises `InvalidInput` for token ids (the spans are the texts') and for int8/uint8
-    encodings (their ranges are those of whole texts' vectors)."""
+    Raises `InvalidInput` on a static embedding model, for token ids (the spans are the texts')
+    and for int8/uint8 encodings (their ranges are those of whole texts' vectors)."""
+    if info.static:
+        raise InvalidInput(
+            "late_chunking is not served by a static embedding model: its token vectors do not "
+            "depend on their context, so each chunk's vector is the chunk's own (send the "
+            "chunks as inputs)"
+        )
     chunks = inputs if isinstance(inputs, list) else [inputs]
     if not all(isinstance(x, str) for x in chunks):
         raise InvalidInput(f"late_chunking takes texts: {field} holds token ids")

@@ -50,6 +50,7 @@ from service.protocols.encodings import EncodingField, encode_vector
 from service.protocols.schemas import (
     Dimensions,
     JinaTask,
+    LateChunking,
     NonBlank,
     decode,
     inputs_list,
@@ -85,7 +86,7 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: EncodingField | None = None
     dimensions: Dimensions | None = None
     user: str | None = Field(None, description="accepted and ignored")
-    late_chunking: bool | None = LATE_CHUNKING
+    late_chunking: LateChunking | None = LATE_CHUNKING
     # Jina's embeddings API's fields (its clients send them to this route)
     task: JinaTask | None = Field(
         None,
@@ -219,7 +220,7 @@ def _embeddings(body: bytes, content_type: str | None, info: ModelInfo, s: Setti
     headers = dimension_warning(info, r.dimensions)
     late = bool(r.late_chunking)
     if late:
-        unit = late_unit(r.input, params, "input")
+        unit = late_unit(r.input, params, "input", info)
         return Job([unit], finish, paths=("input",), headers=headers)
     return Job(tei_shapes.units(Op.EMBED, r.input, params), finish, headers=headers)
 

@@ -26,6 +26,7 @@ from service.protocols.encodings import EncodingField, encode_all
 from service.protocols.schemas import (
     INTEGRAL,
     Dimensions,
+    LateChunking,
     PromptName,
 )
 from service.protocols.serving import Endpoint, needs
@@ -45,7 +46,7 @@ class EmbedRequest(_Request):
     encoding_format: EncodingField | None = Field(
         None, description="ours: float (default), base64, int8, uint8, binary or ubinary"
     )
-    late_chunking: bool | None = LATE_CHUNKING
+    late_chunking: LateChunking | None = LATE_CHUNKING
 
 
 class EmbedSparseRequest(_Request):
@@ -118,7 +119,7 @@ def _embed(body: bytes, content_type: str | None, info: ModelInfo, s: Settings) 
                 "truncate does not combine with late_chunking: a long document is encoded in "
                 "overlapping windows instead (/info's limits.late_chunking)"
             )
-        unit = late_unit(r.inputs, params, "inputs")
+        unit = late_unit(r.inputs, params, "inputs", info)
         finish = lambda a: encode_all(list(a[0]), fmt)  # noqa: E731
         return Job([unit], finish, paths=("inputs",), headers=headers)
     return Job(units(Op.EMBED, r.inputs, params), lambda a: encode_all(a, fmt), headers=headers)
