@@ -153,6 +153,16 @@ def test_info_describes_the_static_model(client: TestClient) -> None:
     assert [t["text"] for t in tokens] == ["[CLS]", "hello", "[SEP]"]
 
 
+def test_a_matryoshka_card_allows_cuts_without_a_warning(tmp_path: Path) -> None:
+    trained = static_model(tmp_path / "mrl")
+    (trained / "README.md").write_text("Trained with MatryoshkaLoss.\n")
+    with app_client(trained) as c:
+        assert c.get("/info").json()["model"]["matryoshka_dimensions"] == "any"
+        cut = c.post("/embed", json={"inputs": "a", "dimensions": 8})
+        assert cut.status_code == 200 and "warning" not in cut.headers
+        assert len(cut.json()[0]) == 8
+
+
 def test_model2vec_rows_are_folded_as_sentence_transformers_folds_them(tmp_path: Path) -> None:
     folder = as_model2vec(static_model(tmp_path / "m2v", normalize=False))
     want = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)

@@ -296,11 +296,13 @@ def _engine_without_pipeline(
 
 
 def _static(settings: Settings, model_id: str, served: str, config: StaticConfig) -> Engine:
-    """A static embedding model's engine, checked finite, with its int8 ranges."""
-    engine = warmup.check_finite(
-        static_engine(settings, model_id=model_id, served_name=served, config=config)
-    )
+    """A static embedding model's engine, checked finite, with its int8 ranges and the widths
+    its card says it was trained to be cut to."""
+    engine = static_engine(settings, model_id=model_id, served_name=served, config=config)
     root = Path(config.folder)
+    trained = st_config.matryoshka_dimensions(root)  # static-retrieval-mrl-en-v1's card names it
+    engine.info = dataclasses.replace(engine.info, matryoshka_dimensions=trained)
+    engine = warmup.check_finite(engine)
     quantization.calibrate(engine, engine.backend, settings.calibration_file, root)
     return engine
 
