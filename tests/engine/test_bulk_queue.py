@@ -63,3 +63,23 @@ def test_bulk_work_is_charged_its_tokens_and_waits_behind_everything(queued: lis
     one = request(queued, 1, deadline_s=0.15)  # behind 20 bulk inputs it would wait ~0.35 s
     queue.offer(one, estimate)
     assert not one[0].bulk and queue.depth == 21
+
+
+def test_a_heavy_request_is_charged_its_tokens_while_it_waits(queued: list[Item]) -> None:
+    """A document far longer than the usual input (a late-chunked one) counts its tokens past
+    the usual size in every later request's predicted wait until it leaves the queue: a burst
+    of long documents is shed at admission, not admitted as one usual input each."""
+    estimate = ServiceTimeEstimate(sec_per_token=1e-3, overhead_tokens=10, tokens_per_input=10)
+    estimate.batch_started(100)  # busy for 0.11 s: deadlines are checked
+    queue = WorkQueue(capacity=64, bulk_capacity=64)
+    document = request(queued, 1, text=SHORT * 100)  # 1,700 characters: 425 tokens
+    queue.offer(document, estimate)
+    assert document[0].extra_tokens == pytest.approx(17 * 100 / 4 - 10)
+    # 0.11 s running, then one batch: 10 overhead + 2 usual inputs + 415 more tokens: 0.555 s
+    with pytest.raises(Overloaded, match="predicted wait"):
+        queue.offer(request(queued, 1, deadline_s=0.3), estimate)
+    usual = request(queued, 1)  # a usual input carries nothing past its size
+    queue.offer(usual, estimate)
+    assert usual[0].extra_tokens == 0.0
+    queue.release(document + usual)
+    queue.offer(request(queued, 1, deadline_s=0.3), estimate)  # 0.11 + 0.02 s: admitted

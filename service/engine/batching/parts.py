@@ -38,6 +38,7 @@ def expand(item: Item, prepared: Prepared, queue: WorkQueue) -> list[Item]:
             tally=item.tally,
             parent=item,
             bulk=item.bulk,
+            extra_tokens=item.extra_tokens / len(prepared.parts),
         )
         for part in prepared.parts
     ]

@@ -13,6 +13,13 @@ next_must`). A larger request is bulk (an indexer's chunk: up to MAX_CLIENT_BATC
 MAX_QUEUE_SIZE and MAX_CLIENT_BATCH_SIZE, so a full client batch is admitted whenever no other
 bulk work holds that room; its predicted wait counts everything queued and its own tokens
 (estimated from its text, `ServiceTimeEstimate.text_tokens`).
+
+A request far heavier than the usual one (a late-chunked document, an input that
+LONG_INPUTS=chunk splits: over HEAVY_REQUEST times the usual tokens an input, by the same
+estimate) is charged its tokens too, and its inputs carry their tokens past the usual size
+(`Item.extra_tokens`) while they wait: every later request's predicted wait counts them, so a
+burst of long documents is shed at admission like a burst of short inputs, not admitted as
+one usual input each and left to time out.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from service.engine.jobs import Unit
 from service.engine.types import Prepared
 from service.errors import DeadlineExceeded, Overloaded
 
+#: A request is heavy (charged its estimated tokens) past this many times the usual input's.
+HEAVY_REQUEST = 2.0
+
 
 @dataclass(eq=False, kw_only=True)
 class Item:
@@ -48,6 +58,9 @@ class Item:
     tally: RequestTally | None = None  # its request's stage, set when queued (`occupancy`)
     parent: Item | None = None  # the input this one is a part of (a window: `parts`)
     bulk: bool = False  # its request has more inputs than MAX_QUEUE_SIZE (set when queued)
+    # Estimated tokens past the usual input's, counted in every predicted wait while it waits
+    # (a heavy request's input: `WorkQueue.offer`); its parts share them.
+    extra_tokens: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -102,6 +115,7 @@ class WorkQueue:
         self._depth = 0
         self._bulk_depth = 0
         self._inputs_per_request = 1.0  # moving mean over admitted requests (`room`)
+        self._extra_tokens = 0.0  # the waiting items' `extra_tokens`
         self._cond = threading.Condition()
         self.occupancy = Occupancy(metrics.REQUESTS_WAITING, metrics.REQUESTS_RUNNING)
 
@@ -167,7 +181,11 @@ class WorkQueue:
         # starts at once, and its batch corrects an estimate that was too pessimistic
         # (otherwise one slow cold batch could shed short deadlines forever).
         idle = depth == 0 and not estimate.running()
-        wait = estimate.predicted_wait(ahead + n, own=(n, tokens) if tokens else None)
+        own: tuple[int, float | None] | None = (n, tokens) if tokens else None
+        if self._extra_tokens > 0:  # heavy inputs ahead: their tokens past the usual size
+            mine = tokens if tokens else n * estimate.tokens_per_input
+            own = (n, mine + self._extra_tokens)
+        wait = estimate.predicted_wait(ahead + n, own=own)
         if not idle and wait > deadline - time.monotonic():
             return Overloaded(
                 f"predicted wait {wait:.1f}s exceeds the request deadline; retry later",
@@ -178,13 +196,22 @@ class WorkQueue:
 
     def offer(self, items: list[Item], estimate: ServiceTimeEstimate) -> None:
         """Queue all of `items` (one request's inputs) or none: raise `Overloaded` when full
-        or too slow for them. A bulk request is charged for its tokens, estimated from its text."""
+        or too slow for them. A bulk or heavy request is charged for its tokens, estimated from
+        its text; a heavy one's inputs carry their tokens past the usual size while they wait."""
         n, bulk = len(items), self.is_bulk(len(items))
-        tokens = estimate.text_tokens([i.unit for i in items]) if bulk else None
+        tokens: float | None = estimate.text_tokens([i.unit for i in items])
+        heavy = tokens is not None and tokens > HEAVY_REQUEST * n * estimate.tokens_per_input
+        if heavy and not bulk:
+            for item in items:
+                past = estimate.text_tokens([item.unit]) - estimate.tokens_per_input
+                item.extra_tokens = max(0.0, past)
+        elif not bulk:
+            tokens = None  # the usual size
         with self._cond:
             refusal = self.refusal(n, min(i.deadline for i in items), estimate, tokens)
             if refusal is not None:
                 raise refusal
+            self._extra_tokens += sum(i.extra_tokens for i in items)
             if not bulk:
                 self._inputs_per_request += (n - self._inputs_per_request) / 16
             tally = self.occupancy.admit([i.future for i in items])
@@ -226,6 +253,8 @@ class WorkQueue:
         with self._cond:
             self._depth -= len(items)
             self._bulk_depth -= sum(1 for i in items if i.bulk)
+            extra = self._extra_tokens - sum(i.extra_tokens for i in items)
+            self._extra_tokens = max(0.0, extra) if self._depth > 0 else 0.0
             metrics.QUEUE_DEPTH.set(self._depth)
 
     def started(self, items: list[Item]) -> None:
