@@ -3,8 +3,8 @@
 A session's intra-op threads are fixed when it is made, so a small batch on a session of two
 threads always wakes the second. Where start-up timing says one thread costs less CPU and about
 no more time for small batches (`service.backends.threads.fit_one_thread`), those run on a
-second session made with one thread: it holds the weights again (about 1.3 times the graph's
-size in RSS), so it is made only for graphs of at most `ONE_THREAD_MAX_GRAPH_BYTES`.
+second session made with one thread: it holds the weights again (about the graph's size in
+RSS: docs/backends.md), so it is made only for graphs of at most `ONE_THREAD_MAX_GRAPH_BYTES`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     import onnxruntime as ort
     import torch
 
-# The largest graph (file and external data) given a second, one-thread session: about 1.3
-# times this in RSS (docs/backends.md, small batches on one thread).
+# The largest graph (file and external data) given a second, one-thread session, which costs
+# about the graph's size again in RSS (docs/backends.md, small batches on one thread).
 ONE_THREAD_MAX_GRAPH_BYTES = 512 << 20
 
 
