@@ -187,3 +187,21 @@ def test_onnx_one_thread_session_that_does_not_pay_is_let_go(
     all_threads.ran.clear()
     backend.forward(batch(1, 8))
     assert all_threads.ran == [8]
+
+
+def test_onnx_second_session_only_for_a_graph_small_enough(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from service.backends import onnx_backend
+
+    monkeypatch.setattr(onnx_backend, "_session", lambda path, n: FakeSession(Clock(), {}, n))
+    graph = tmp_path / "model.onnx"
+    graph.write_bytes(b"graph")
+    (tmp_path / "model.int8.onnx").write_bytes(b"another graph")  # not this one's: not counted
+    with open(tmp_path / "model.int8.onnx", "r+b") as f:
+        f.truncate(onnx_backend.ONE_THREAD_MAX_GRAPH_BYTES)  # sparse: no disk used
+    backend = onnx_backend.OnnxBackend(graph, 2)
+    assert backend.one_thread_affordable()
+    with open(tmp_path / "model.onnx.data", "wb") as f:  # its external weights: counted
+        f.truncate(onnx_backend.ONE_THREAD_MAX_GRAPH_BYTES)
+    assert not backend.one_thread_affordable()
