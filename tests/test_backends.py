@@ -18,6 +18,7 @@ import pytest
 from helpers import captured_logs
 
 from service.backends import export, int8
+from service.backends.onnx_backend import OnnxBackend
 from service.engine.jobs import PARAMS, Op, Unit
 from service.engine.loading.choice import candidates
 from service.engine.loading.choice.backend_choice import calibration_batches
@@ -74,6 +75,21 @@ def test_onnx_float32_embeddings_and_token_rows_equal_torch(reference: Engine) -
         np.testing.assert_allclose(got, want, atol=1e-4)
     (row,) = onnx.info.backend_summary["candidates"]
     assert row["quality"]["min_cosine"] >= 0.99999 and row["quality"]["passes"]
+
+
+def test_onnx_one_thread_session_answers_as_the_session_of_two() -> None:
+    onnx = engine(None, "onnx", "float32", torch_num_threads=2)
+    backend = getattr(onnx, "backend", None)
+    assert isinstance(backend, OnnxBackend) and backend.threads == 2
+    inputs = onnx.padded([onnx.prepare(Unit(op=Op.EMBED, text=t)) for t in TEXTS])
+    two = backend.forward_on(inputs, 2)
+    one = backend.forward_on(inputs, 1)
+    assert backend.one_thread is not None and backend.one_thread is not backend.session
+    np.testing.assert_allclose(one.numpy(), two.numpy(), atol=1e-5)
+    backend.one_thread_up_to = int(inputs["input_ids"].numel())
+    np.testing.assert_allclose(backend.forward(inputs).numpy(), two.numpy(), atol=1e-5)
+    backend.release_one_thread()
+    assert backend.one_thread is None
 
 
 def test_bfloat16_embeddings_keep_a_cosine_of_0_9995(reference: Engine) -> None:

@@ -17,6 +17,8 @@ The others are scripts of their own (``python -m loadtest.experiments.<module> -
 batches of 32 in arrival order padded and packed beside length-sorted padded), ``soak`` (each
 backend's RSS over changing batch shapes), ``probe_latency`` (sheds and /livez on a saturated
 server beside the client's floor), ``replicas`` (three replicas behind HAProxy: rolling update,
-slow replica, storm; ``make replicas``), ``int8_quality`` (how much of float's similarity
-ranking int8 and uint8 embeddings keep on the corpus: docs/api.md, int8 and uint8).
+slow replica, storm; ``make replicas``), ``shapes`` (each padded backend's first run of a
+batch shape against the same batch again: docs/backends.md, shapes the kernels have seen),
+``int8_quality`` (how much of float's similarity ranking int8 and uint8 embeddings keep on the
+corpus: docs/api.md, int8 and uint8).
 """

@@ -1,4 +1,11 @@
-"""onnxruntime on an exported graph (CPU execution provider): float32."""
+"""onnxruntime on an exported graph (CPU execution provider): float32.
+
+A session's intra-op threads are fixed when it is made, so a small batch on a session of two
+threads always wakes the second. Where start-up timing says one thread costs less CPU and about
+no more time for small batches (`service.backends.threads.fit_one_thread`), those run on a
+second session made with one thread: it holds the weights again (about the graph's size in
+RSS: docs/backends.md), so it is made only for graphs of at most `ONE_THREAD_MAX_GRAPH_BYTES`.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,10 @@ import numpy as np
 if TYPE_CHECKING:
     import onnxruntime as ort
     import torch
+
+# The largest graph (file and external data) given a second, one-thread session, which costs
+# about the graph's size again in RSS (docs/backends.md, small batches on one thread).
+ONE_THREAD_MAX_GRAPH_BYTES = 512 << 20
 
 
 def session_options(threads: int) -> ort.SessionOptions:
@@ -46,22 +57,56 @@ class OnnxBackend:
     padded_because = "the exported graph takes padded [B, L] inputs (docs/backends.md)"
     quantization: dict[str, object] | None = None  # not quantized (/info's `quantization`)
 
-    def __init__(self, path: Path, threads: int, dtype: str = "float32") -> None:
-        import onnxruntime as ort
+    # batches of at most this many padded tokens run on the one-thread session (set at start
+    # by `service.backends.threads.fit_one_thread`; 0: every batch on `session`)
+    one_thread_up_to = 0
 
+    def __init__(self, path: Path, threads: int, dtype: str = "float32") -> None:
         self.path = path
         self.dtype = dtype
-        self.session = ort.InferenceSession(
-            str(path), session_options(threads), providers=["CPUExecutionProvider"]
-        )
+        self.threads = threads
+        self.session = _session(path, threads)
+        self.one_thread: ort.InferenceSession | None = None  # made by the first `forward_on`
         self.input_names = [i.name for i in self.session.get_inputs()]
         self._first_output = self.session.get_outputs()[0].name
 
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        small = int(inputs["input_ids"].numel()) <= self.one_thread_up_to
+        return self.forward_on(inputs, 1 if small else self.threads)
+
+    def all_threads(self) -> int:
+        return self.threads
+
+    def forward_on(self, inputs: Mapping[str, torch.Tensor], threads: int) -> torch.Tensor:
+        """`forward` on `session`, or for `threads` 1 on the one-thread session (made now if
+        it is not yet)."""
         import torch
 
-        (output,) = self.session.run([self._first_output], graph_feed(inputs, self.input_names))
+        session = self.session
+        if threads == 1 and self.threads > 1:
+            if self.one_thread is None:
+                self.one_thread = _session(self.path, 1)
+            session = self.one_thread
+        (output,) = session.run([self._first_output], graph_feed(inputs, self.input_names))
         return torch.from_numpy(output).float()
+
+    def release_one_thread(self) -> None:
+        self.one_thread = None
+
+    def one_thread_affordable(self) -> bool:
+        """The graph is small enough for a second session (`ONE_THREAD_MAX_GRAPH_BYTES`)."""
+        size = sum(
+            f.stat().st_size for f in self.path.parent.glob(self.path.name + "*") if f.is_file()
+        )
+        return size <= ONE_THREAD_MAX_GRAPH_BYTES
+
+
+def _session(path: Path, threads: int) -> ort.InferenceSession:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(
+        str(path), session_options(threads), providers=["CPUExecutionProvider"]
+    )
 
 
 def graph_feed(

@@ -1,12 +1,12 @@
-"""How many intra-op threads a small torch batch runs on: one, where it costs less CPU and
-about no more time, chosen by measurement at start.
+"""How many intra-op threads a small batch runs on: one, where it costs less CPU and about no
+more time, chosen by measurement at start (torch, and onnxruntime's second session).
 
 A lone short input costs mostly the fixed price of running each operator once; split over two
 threads, each of a small forward's dozens of operators wakes the second thread and waits for
 it, which costs about as much CPU as it saves in time (docs/backends.md, small batches on
-one thread). A batch of at most
-`TorchBackend.one_thread_up_to` padded tokens (B x L) runs with `torch.set_num_threads(1)`,
-so it wakes no other thread; larger ones on every thread.
+one thread). A batch of at most `one_thread_up_to` padded tokens (B x L) runs on one thread
+(torch: `torch.set_num_threads(1)`; onnxruntime: a second session made with one,
+`service.backends.onnx_backend`), so it wakes no other thread; larger ones on every thread.
 """
 
 from __future__ import annotations
@@ -26,11 +26,21 @@ ROUNDS = 3
 
 
 class ThreadFitted(Protocol):
-    """What `fit_one_thread` measures and sets: a `TorchBackend`."""
+    """What `fit_one_thread` measures and sets: a `TorchBackend` or an `OnnxBackend`."""
 
     one_thread_up_to: int
 
-    def forward_all_threads(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor: ...
+    def all_threads(self) -> int:
+        """The intra-op threads a batch runs on when it is not on one."""
+        ...
+
+    def forward_on(self, inputs: Mapping[str, torch.Tensor], threads: int) -> torch.Tensor:
+        """`forward` on `threads` intra-op threads (1, or `all_threads()`)."""
+        ...
+
+    def release_one_thread(self) -> None:
+        """Free what running on one thread holds, once no batch will."""
+        ...
 
 
 @contextlib.contextmanager
@@ -51,23 +61,20 @@ def _timed(
     backend: ThreadFitted, inputs: Mapping[str, torch.Tensor], threads: int
 ) -> tuple[float, float]:
     """Seconds and process CPU-seconds of one forward on `threads` intra-op threads."""
-    with threads_set(threads):
-        started, cpu = time.perf_counter(), time.process_time()
-        backend.forward_all_threads(inputs)
-        return time.perf_counter() - started, time.process_time() - cpu
+    started, cpu = time.perf_counter(), time.process_time()
+    backend.forward_on(inputs, threads)
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 def fit_one_thread(
     backend: ThreadFitted, batches: Sequence[Mapping[str, torch.Tensor]]
 ) -> dict[str, object]:
-    """Set `backend.one_thread_up_to` (a `TorchBackend`) from `batches` (padded inputs,
-    smallest first): the padded tokens of the largest batch, counted from the smallest while
-    each passes, on which one thread costs less CPU than all of them and at most
-    `SLOWER_BY_AT_MOST_S` more time (best of `ROUNDS`, alternated). Returns what it measured,
-    for the log; leaves it 0 where torch runs one thread anyway."""
-    import torch
-
-    threads = torch.get_num_threads()
+    """Set `backend.one_thread_up_to` from `batches` (padded inputs, smallest first): the
+    padded tokens of the largest batch, counted from the smallest while each passes, on which
+    one thread costs less CPU than all of them and at most `SLOWER_BY_AT_MOST_S` more time
+    (best of `ROUNDS`, alternated). Returns what it measured, for the log; leaves it 0 where
+    the backend runs one thread anyway. Where it stays 0, `release_one_thread`."""
+    threads = backend.all_threads()
     backend.one_thread_up_to = 0
     if threads <= 1:
         return {"threads": threads}
@@ -93,4 +100,6 @@ def fit_one_thread(
         if not passes:
             break
         backend.one_thread_up_to = tokens
+    if not backend.one_thread_up_to:
+        backend.release_one_thread()
     return {"threads": threads, "one_thread_up_to": backend.one_thread_up_to, "batches": measured}

@@ -30,10 +30,22 @@ class TorchBackend:
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if int(inputs["input_ids"].numel()) > self.one_thread_up_to:
             return self.forward_all_threads(inputs)
+        return self.forward_on(inputs, 1)  # wakes no other thread (`service.backends.threads`)
+
+    def all_threads(self) -> int:
+        import torch
+
+        return int(torch.get_num_threads())
+
+    def forward_on(self, inputs: Mapping[str, torch.Tensor], threads: int) -> torch.Tensor:
+        """`forward_all_threads` with torch's intra-op threads at `threads`."""
         from service.backends.threads import threads_set
 
-        with threads_set(1):  # wakes no other thread (`service.backends.threads`)
+        with threads_set(threads):
             return self.forward_all_threads(inputs)
+
+    def release_one_thread(self) -> None:
+        """Nothing: one thread is `torch.set_num_threads(1)`, no copy of anything."""
 
     def forward_all_threads(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """`forward` on torch's threads as set."""

@@ -1,5 +1,6 @@
-"""Small torch batches on one intra-op thread (`service.backends.threads`): the choice from
-start-up timings (a fake clock), and the forward that follows it."""
+"""Small batches on one intra-op thread (`service.backends.threads`), torch's and
+onnxruntime's (a second session of one thread): the choice from start-up timings (a fake
+clock), and the forward that follows it."""
 
 from __future__ import annotations
 
@@ -110,3 +111,97 @@ def test_one_thread_alone_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> N
         assert backend.one_thread_up_to == 0 and backend.ran_on == []
     finally:
         torch.set_num_threads(saved)
+
+
+class FakeSession:
+    """An onnxruntime session of `threads` intra-op threads whose runs cost, per padded
+    token, what `costs[threads]` says; records what each run got."""
+
+    def __init__(self, clock: Clock, costs: dict[int, tuple[float, float]], threads: int) -> None:
+        self.clock, self.costs, self.threads = clock, costs, threads
+        self.ran: list[int] = []  # padded tokens of each run
+
+    def get_inputs(self) -> list[Any]:
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name="input_ids")]
+
+    def get_outputs(self) -> list[Any]:
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name="out")]
+
+    def run(self, names: list[str], feed: dict[str, Any]) -> list[Any]:
+        import numpy as np
+
+        n = int(feed["input_ids"].size)
+        wall, cpu = self.costs[self.threads]
+        self.clock.wall += wall * n
+        self.clock.cpu += cpu * n
+        self.ran.append(n)
+        return [np.zeros((1, 1), dtype=np.float32)]
+
+
+def onnx_on_fake_sessions(
+    monkeypatch: pytest.MonkeyPatch, costs: dict[int, tuple[float, float]]
+) -> tuple[Any, list[FakeSession]]:
+    from pathlib import Path
+
+    from service.backends import onnx_backend
+
+    clock = Clock()
+    monkeypatch.setattr(threads, "time", clock)
+    made: list[FakeSession] = []
+
+    def session(path: Path, n: int) -> FakeSession:
+        made.append(FakeSession(clock, costs, n))
+        return made[-1]
+
+    monkeypatch.setattr(onnx_backend, "_session", session)
+    return onnx_backend.OnnxBackend(Path("graph.onnx"), 2), made
+
+
+def test_onnx_small_batches_run_on_a_second_session_of_one_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend, made = onnx_on_fake_sessions(monkeypatch, {1: (40e-6, 40e-6), 2: (25e-6, 50e-6)})
+    assert [s.threads for s in made] == [2]  # the one-thread session is made when first used
+    got = threads.fit_one_thread(backend, [batch(1, 16), batch(1, 32), batch(1, 64), batch(2, 64)])
+    assert backend.one_thread_up_to == 64 and got["one_thread_up_to"] == 64
+    all_threads, one = made
+    assert one.threads == 1 and backend.one_thread is one
+    all_threads.ran.clear()
+    one.ran.clear()
+    for inputs in (batch(1, 60), batch(1, 64), batch(2, 33), batch(8, 64)):
+        backend.forward(inputs)
+    assert one.ran == [60, 64] and all_threads.ran == [66, 512]
+
+
+def test_onnx_one_thread_session_that_does_not_pay_is_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend, made = onnx_on_fake_sessions(monkeypatch, {1: (40e-6, 40e-6), 2: (20e-6, 39e-6)})
+    threads.fit_one_thread(backend, [batch(1, 16), batch(1, 32)])
+    assert backend.one_thread_up_to == 0 and backend.one_thread is None
+    all_threads = made[0]
+    all_threads.ran.clear()
+    backend.forward(batch(1, 8))
+    assert all_threads.ran == [8]
+
+
+def test_onnx_second_session_only_for_a_graph_small_enough(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from service.backends import onnx_backend
+
+    monkeypatch.setattr(onnx_backend, "_session", lambda path, n: FakeSession(Clock(), {}, n))
+    graph = tmp_path / "model.onnx"
+    graph.write_bytes(b"graph")
+    (tmp_path / "model.int8.onnx").write_bytes(b"another graph")  # not this one's: not counted
+    with open(tmp_path / "model.int8.onnx", "r+b") as f:
+        f.truncate(onnx_backend.ONE_THREAD_MAX_GRAPH_BYTES)  # sparse: no disk used
+    backend = onnx_backend.OnnxBackend(graph, 2)
+    assert backend.one_thread_affordable()
+    with open(tmp_path / "model.onnx.data", "wb") as f:  # its external weights: counted
+        f.truncate(onnx_backend.ONE_THREAD_MAX_GRAPH_BYTES)
+    assert not backend.one_thread_affordable()

@@ -23,6 +23,7 @@ from enum import StrEnum
 import structlog
 
 from service import load_failure, metrics
+from service.backends.onnx_backend import OnnxBackend
 from service.backends.packed import warm_kernels
 from service.backends.threads import fit_one_thread, threads_set
 from service.backends.torch_backend import TorchBackend
@@ -52,9 +53,10 @@ SMALL_BATCHES = ((1, 12), (1, 28), (1, 60), (2, 60), (4, 60), (8, 60))
 
 
 def fit_small_batch_threads(engine: Engine, max_batch: int) -> None:
-    """For each torch backend serving the engine (itself, or either half of a routed one),
-    the largest of `SMALL_BATCHES` that runs on one intra-op thread
-    (`service.backends.threads.fit_one_thread`); one log line, `small_batch_threads`."""
+    """For each torch or onnxruntime backend serving the engine (itself, or either half of a
+    routed one), the largest of `SMALL_BATCHES` that runs on one intra-op thread
+    (`service.backends.threads.fit_one_thread`; onnxruntime only where its graph is small
+    enough for a second session); one log line each, `small_batch_threads`."""
     backend = getattr(engine, "backend", None)
     padded = getattr(engine, "padded", None)
     if backend is None or padded is None:
@@ -72,7 +74,15 @@ def fit_small_batch_threads(engine: Engine, max_batch: int) -> None:
                     fitted["shapes_warmed"] = warm_kernels(
                         part, part.one_thread_up_to, max_batch, engine.info.max_input_tokens
                     )
-            log.info("small_batch_threads", dtype=part.dtype, **fitted)
+        elif isinstance(part, OnnxBackend):
+            fitted = (
+                fit_one_thread(part, batches)
+                if part.one_thread_affordable()
+                else {"threads": part.threads, "one_thread_up_to": 0, "why": "graph too large"}
+            )
+        else:
+            continue
+        log.info("small_batch_threads", backend=part.name, dtype=part.dtype, **fitted)
 
 
 class State(StrEnum):
