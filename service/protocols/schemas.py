@@ -47,6 +47,10 @@ def _integral(value: object) -> object:
     return value
 
 
+#: The most tokens a request may name as a cut (`max_tokens`, `max_tokens_per_doc`): the
+#: tokenizers' own limit is a machine word, and no model's window comes near this.
+MAX_TOKENS = 2**31 - 1
+
 #: Metadata for an integer as JSON Schema reads one: `3` or `3.0` (never `"3"`, `true` or
 #: `3.5`). Put it after any `Field` constraints, so they stay JSON Schema (`minimum`).
 INTEGRAL = BeforeValidator(_integral)

@@ -105,7 +105,10 @@ def _ids(value: Sequence[object], at: str) -> None:
         raise invalid(f"{at} is an empty list; send at least one token id")
     for j, token in enumerate(value):
         if not _is_int(token) or token < 0:
-            raise invalid(f"{at}[{j}] must be a token id (an integer >= 0), not {token!r}")
+            # Its kind, not the value: a text sent where ids go is a user's input (never
+            # echoed nor logged), and the repr of a list nested a thousand deep overflows.
+            what = f"the integer {token}" if _is_int(token) else kind(token)
+            raise invalid(f"{at}[{j}] must be a token id (an integer >= 0), not {what}")
 
 
 def _predict_inputs(value: object, info: ValidationInfo) -> object:

@@ -296,6 +296,11 @@ def test_jina_rerank_equals_cross_encoder(
         ("/v1/rerank", {"query": "q", "documents": []}, "documents is an empty list"),
         ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
         ("/v1/rerank", {"query": "q", "documents": ["a", ""]}, "documents[1] is empty"),
+        (
+            "/v2/rerank",
+            {"query": "q", "documents": ["a"], "max_tokens_per_doc": 2**64},
+            "max_tokens_per_doc",
+        ),
     ],
 )
 def test_bad_rerank_requests_are_4xx_in_each_shape(

@@ -294,6 +294,9 @@ def test_pipeline_tasks_refuse_tei_routes(fill_mask_client: TestClient) -> None:
         ("/embed", {"inputs": []}, 422, "inputs is an empty list"),
         ("/embed", {"inputs": ["ok", 3]}, 422, "inputs[1] must be a string or a list of token ids"),
         ("/embed", {"inputs": [[1, -2]]}, 422, "inputs[0][1] must be a token id"),
+        ("/embed", {"inputs": [["my secret"]]}, 422, "inputs[0][0] must be a token id (an "),
+        ("/embed", {"inputs": [[1, 2.5]]}, 422, "(an integer >= 0), not a number"),
+        ("/embed", {"inputs": [[[[1]] * 2]]}, 422, "inputs[0][0] must be a token id"),
         ("/embed", {"inputs": [999999]}, 422, "token id 999999 is outside"),
         ("/embed", {"inputs": "x", "normalise": True}, 422, "unknown field(s) normalise"),
         ("/embed", {"inputs": "x", "truncation_direction": "up"}, 422, "truncation_direction"),
@@ -321,6 +324,20 @@ def test_invalid_requests(
     embedded_client: TestClient, path: str, body: Any, status: int, says: str
 ) -> None:
     assert says in error(embedded_client, path, body, status)
+
+
+def test_a_value_in_the_wrong_place_is_named_by_its_kind_not_echoed(
+    embedded_client: TestClient,
+) -> None:
+    """A text where token ids go is a user's input: the answer names its kind, not its words;
+    a list nested near orjson's depth limit is a 422 too (its repr overflowed Python's stack)."""
+    said = error(embedded_client, "/embed", {"inputs": [["my secret password"]]}, 422)
+    assert said.endswith("not a string") and "secret" not in said
+    deep = "[" * 1000 + "1" + "]" * 1000
+    for path, body in (("/embed", f'{{"inputs": {deep}}}'), ("/decode", f'{{"ids": {deep}}}')):
+        headers = {"content-type": "application/json"}
+        r = embedded_client.post(path, content=body, headers=headers)
+        assert r.status_code == 422, r.text
 
 
 def test_predict_input_shapes(classifier_client: TestClient) -> None:

@@ -35,7 +35,15 @@ from service.errors import Envelope
 from service.protocols import cohere_shapes
 from service.protocols.embedding.common import dimension_warning, embedding_params
 from service.protocols.encodings import encode_all
-from service.protocols.schemas import INTEGRAL, Dimensions, NonBlank, decode, inputs_list, validate
+from service.protocols.schemas import (
+    INTEGRAL,
+    MAX_TOKENS,
+    Dimensions,
+    NonBlank,
+    decode,
+    inputs_list,
+    validate,
+)
 from service.protocols.schemas import texts as text_inputs
 from service.protocols.serving import Endpoint, needs
 from service.settings import Settings
@@ -58,7 +66,7 @@ class CohereEmbedRequest(cohere_shapes._Request):
     )
     embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] | None = None
     output_dimension: Dimensions | None = None
-    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None = None
     truncate: Literal["NONE", "START", "END"] | None = None
     priority: Annotated[int, Field(ge=0), INTEGRAL] | None = Field(
         None, description="accepted and ignored"

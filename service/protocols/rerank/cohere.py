@@ -27,7 +27,7 @@ from service.errors import Envelope
 from service.protocols import cohere_shapes
 from service.protocols.multi_vector import common as multi_vector
 from service.protocols.rerank.common import documents_job, ranked, relevance, reranker, tokens
-from service.protocols.schemas import INTEGRAL, NonBlank, decode, inputs_list, validate
+from service.protocols.schemas import INTEGRAL, MAX_TOKENS, NonBlank, decode, inputs_list, validate
 from service.protocols.schemas import texts as text_inputs
 from service.protocols.serving import Endpoint
 from service.settings import Settings
@@ -38,7 +38,7 @@ class CohereRerankRequest(cohere_shapes._Request):
     documents: Annotated[list[NonBlank], inputs_list(), BeforeValidator(text_inputs("documents"))]
     model: str | None = Field(None, description="accepted; the server has one model")
     top_n: Annotated[int, Field(ge=1), INTEGRAL] | None = None
-    max_tokens_per_doc: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    max_tokens_per_doc: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None = None
     priority: Annotated[int, Field(ge=0), INTEGRAL] | None = Field(
         None, description="accepted and ignored"
     )
