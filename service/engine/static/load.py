@@ -93,13 +93,13 @@ def read_weights(config: StaticConfig) -> tuple[torch.Tensor, str]:
     `mapping` and scaled by its per-token `weights` (`StaticEmbedding._fold_model2vec_weights`)."""
     import torch
 
-    state = _state_dict(config)
-    if "embedding.weight" in state:
-        return state["embedding.weight"].float().contiguous(), "sentence-transformers"
-    rows = state["embeddings"].float()
-    if (mapping := state.get("mapping")) is not None:
+    tensors = _state_dict(config)
+    if "embedding.weight" in tensors:
+        return tensors["embedding.weight"].float().contiguous(), "sentence-transformers"
+    rows = tensors["embeddings"].float()
+    if (mapping := tensors.get("mapping")) is not None:
         rows = rows[mapping.to(torch.long)]
-    if (weights := state.get("weights")) is not None:
+    if (weights := tensors.get("weights")) is not None:
         rows = rows * weights.float()[:, None]
     return rows.contiguous(), "model2vec"
 
