@@ -41,7 +41,7 @@ from service.engine.types import Prepared
 from service.errors import DeadlineExceeded, Overloaded
 
 #: A request is heavy (charged its estimated tokens) past this many times the usual input's.
-HEAVY_REQUEST = 2.0
+HEAVY_REQUEST = 4.0
 
 
 @dataclass(eq=False, kw_only=True)
