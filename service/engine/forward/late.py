@@ -40,15 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.forward.windows import Template, template
-from service.engine.jobs import Counted, Op, Unit
+from service.engine.forward.windows import Template, template, window_parts
+from service.engine.jobs import Counted, Unit
 from service.engine.params import EmbedParams, narrow
 from service.engine.types import Prepared, late_limits
 from service.errors import InvalidInput
-
-#: A window's own answer: its chunks' vectors after the Dense modules, neither cut nor
-#: normalized; the document's parameters apply once, to all of them (`merge`).
-WINDOW_PARAMS = EmbedParams(normalize=False)
 
 #: A window's payload from its ids (special tokens included) and its chunks' token spans in
 #: them ([start, end) positions): the encoder's `Encoded`.
@@ -140,14 +136,7 @@ class LateChunker:
             )
         if len(payloads) == 1:
             return Prepared(unit=unit, n_tokens=len(payloads[0].ids), payload=payloads[0])
-        parts = tuple(
-            Prepared(
-                unit=Unit(op=Op.EMBED, text=unit.text, params=WINDOW_PARAMS),
-                n_tokens=len(w.ids),
-                payload=w,
-            )
-            for w in payloads
-        )
+        parts = window_parts(unit, payloads)
         return Prepared(
             unit=unit,
             n_tokens=sum(p.n_tokens for p in parts),

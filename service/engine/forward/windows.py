@@ -30,8 +30,9 @@ from service.engine.jobs import Counted, Op, Unit
 from service.engine.params import EmbedParams, narrow
 from service.engine.types import Prepared
 
-#: A window's own answer: the pooled vector (after any Dense modules), neither cut nor
-#: normalized; the input's parameters apply once, to the mean (`merge`).
+#: A window's own answer, neither cut nor normalized: its pooled vector (after any Dense
+#: modules), or a late-chunked window's chunk vectors; the input's parameters apply once, to
+#: the mean or to all of a document's chunks (`merge`, `service.engine.forward.late.merge`).
 WINDOW_PARAMS = EmbedParams(normalize=False)
 
 
@@ -94,11 +95,10 @@ class Chunker:
         return chunked(unit, payloads)
 
 
-def chunked(unit: Unit, windows: Sequence[Any]) -> Prepared:
-    """`unit` as its windows (`Prepared.parts`, one `embed` unit each; `windows`: their
-    payloads, the encoder's `Encoded`, each with its `ids`) and the `merge` of their answers
-    into its own."""
-    parts = tuple(
+def window_parts(unit: Unit, windows: Sequence[Any]) -> tuple[Prepared, ...]:
+    """`unit`'s windows as parts: one `embed` unit each (`WINDOW_PARAMS`: neither cut nor
+    normalized), `windows` their payloads, each with its `ids`."""
+    return tuple(
         Prepared(
             unit=Unit(op=Op.EMBED, text=unit.text, params=WINDOW_PARAMS),
             n_tokens=len(w.ids),
@@ -106,6 +106,13 @@ def chunked(unit: Unit, windows: Sequence[Any]) -> Prepared:
         )
         for w in windows
     )
+
+
+def chunked(unit: Unit, windows: Sequence[Any]) -> Prepared:
+    """`unit` as its windows (`Prepared.parts`, one `embed` unit each; `windows`: their
+    payloads, the encoder's `Encoded`, each with its `ids`) and the `merge` of their answers
+    into its own."""
+    parts = window_parts(unit, windows)
     weights = [len(w.ids) for w in windows]
     return Prepared(
         unit=unit,
